@@ -260,11 +260,14 @@ class OpGraph:
         group_names = {g.id: g.name for g in self.kernel_groups}
         succ = self.successors()
         output_ops = {t.producer for t in self.outputs}
-        edge_bytes: dict[tuple[int, int], int] = {}
+        # a tensor read by several ops of one kernel crosses the kernel boundary once
+        crossing: dict[tuple[int, int], dict[int, int]] = {}
         for e in self.edges:
             s, d = new_id[e.src], new_id[e.dst]
             if s != d:
-                edge_bytes[(s, d)] = edge_bytes.get((s, d), 0) + e.size_bytes
+                per_producer = crossing.setdefault((s, d), {})
+                per_producer[e.src] = max(per_producer.get(e.src, 0), e.size_bytes)
+        edge_bytes = {key: sum(v.values()) for key, v in crossing.items()}
         for (s, d) in edge_bytes:
             if s >= d:
                 raise InvalidGraphError("fused kernels form a cycle; kernel groups must be convex")

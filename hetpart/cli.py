@@ -1,0 +1,146 @@
+"""``hetpart`` command line: a thin layer over :mod:`hetpart.api` (argument parsing, tables, exit codes)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+from hetpart.errors import HetpartError
+
+log = logging.getLogger("hetpart")
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if not console.is_terminal:  # pipes and CI logs: don't squeeze tables into 80 columns
+        console = Console(highlight=False, width=160)
+    return console
+
+
+def _setup_logging(verbose: int) -> None:
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    level = logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
+                        handlers=[RichHandler(show_path=False, rich_tracebacks=False,
+                                              console=Console(stderr=True, width=160))])
+    for noisy in ("onnxslim", "matplotlib", "PIL"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fmt_count(value: float, unit: str = "") -> str:
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {prefix}{unit}"
+    return f"{value:.0f} {unit}".rstrip()
+
+
+# ------------------------------------------------------------------------------------------------ analyze
+def cmd_analyze(args: argparse.Namespace) -> int:
+    import numpy as np
+    import scipy.sparse as sp
+    from rich.table import Table
+
+    from hetpart import api
+
+    graph = api.analyze(args.model, input_shapes=args.input_shape, batch=args.batch, size=args.size,
+                        level=args.level)
+    console = _console()
+    table = Table(title=f"{graph.name}: {graph.num_ops} {graph.level}s", show_lines=False)
+    for col in ("id", "name", "op", "output shape", "FLOPs", "read", "written", "params", "kernel", "inputs"):
+        table.add_column(col, justify="right" if col in ("id", "FLOPs", "read", "written", "params", "kernel")
+                         else "left")
+    rows = graph.nodes if args.max_rows <= 0 else graph.nodes[:args.max_rows]
+    for n in rows:
+        table.add_row(str(n.id), n.name, n.op.removeprefix("relax."),
+                      "x".join(map(str, n.output_shapes[0])) if n.output_shapes else "-",
+                      _fmt_count(n.flops), _fmt_count(n.bytes_read, "B"), _fmt_count(n.bytes_written, "B"),
+                      _fmt_count(n.param_bytes, "B"), "-" if n.kernel_group is None else str(n.kernel_group),
+                      ",".join(map(str, n.inputs)) or ",".join(n.graph_inputs))
+    console.print(table)
+    if 0 < args.max_rows < graph.num_ops:
+        console.print(f"... {graph.num_ops - args.max_rows} more rows (--max-rows 0 shows all)")
+    by_op = Counter(n.op.removeprefix("relax.") for n in graph.nodes)
+    console.print(f"[bold]totals[/bold]: {graph.num_ops} ops, {len(graph.edges)} edges, "
+                  f"{len(graph.kernel_groups)} fused kernels, {_fmt_count(graph.total_flops, 'FLOP')} "
+                  f"(multiply-add = 2 FLOPs), parameters {_fmt_count(graph.total_param_bytes, 'B')}")
+    console.print("ops by type: " + ", ".join(f"{op} {c}" for op, c in by_op.most_common()))
+    if args.json:
+        graph.save(args.json)
+        console.print(f"wrote {args.json}")
+    if args.matrix:
+        sp.save_npz(args.matrix, graph.dependency_matrix())
+        console.print(f"wrote {args.matrix} (scipy.sparse CSR; A[i, j] = 1 iff op j reads op i's output)",
+                      markup=False)
+    if args.dense_matrix:
+        np.save(args.dense_matrix, graph.dependency_matrix_dense())
+        console.print(f"wrote {args.dense_matrix}")
+    return 0
+
+
+def cmd_zoo(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    import models
+
+    table = Table(title="model zoo")
+    for col in ("name", "family", "kind", "default input", "published GMACs"):
+        table.add_column(col)
+    for name in sorted(models.ZOO):
+        info = models.ZOO[name]
+        table.add_row(name, info.family, info.kind, str(getattr(info, "default_input_shapes", "")),
+                      "" if getattr(info, "published_gmacs", None) is None else f"{info.published_gmacs}")
+    _console().print(table)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ parser
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="ONNX file or zoo model name (see `hetpart zoo`)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
+                   help="bind an input's shape, e.g. --input-shape input=1,3,224,224 (repeatable)")
+    p.add_argument("--batch", type=int, default=None, help="batch size for zoo models (default 1)")
+    p.add_argument("--size", type=int, default=None, help="input size for zoo models (H=W, or sequence length)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hetpart", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("analyze", help="per-op features, FLOPs, bytes and the dependency matrix of a model")
+    _add_model_args(p)
+    p.add_argument("--level", choices=("op", "kernel"), default="op", help="op level or fused-kernel level")
+    p.add_argument("--json", type=Path, help="write the OpGraph as JSON")
+    p.add_argument("--matrix", type=Path, help="write the dependency matrix (scipy.sparse .npz)")
+    p.add_argument("--dense-matrix", type=Path, help="write the dependency matrix as a dense .npy (small graphs)")
+    p.add_argument("--max-rows", type=int, default=60, help="rows of the per-op table to print (0 = all)")
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("zoo", help="list the built-in models")
+    p.set_defaults(func=cmd_zoo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return int(args.func(args) or 0)
+    except HetpartError as exc:  # one line, typed: what must hold, what was found, the fix
+        sys.stderr.write(f"hetpart: error: {type(exc).__name__}: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

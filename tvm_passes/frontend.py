@@ -1,0 +1,323 @@
+"""Import a model into Relax: ONNX files and torch.nn.Modules, with shape binding and frontend fixes.
+
+``import_model`` is the one entry point the rest of hetpart calls. What it does:
+
+ONNX
+  1. load and check the file (missing / truncated / not ONNX -> ModelLoadError);
+  2. bind the input shapes the user gave (``{"x": (1, 3, 224, 224)}``); an input with symbolic or unknown
+     dims and no shape given -> MissingInputShapeError listing every such input and the flag to pass;
+  3. list *every* op type no converter exists for, with counts (UnsupportedOpError) — not only the first;
+  4. fold shape-computation chains and Conv+BatchNorm for those fixed shapes with onnxslim;
+  5. ``from_onnx`` with hetpart's LSTM/GRU/RNN converters installed (``tvm_passes.rnn``).
+PyTorch
+  ``torch.export`` + ``from_exported_program`` with the negative-index ``select.int`` fix (TVM 0.27 turns
+  ``y[-1]`` into an out-of-bounds ``take(mode="fast")``).
+Both
+  weights become Relax constants; layout-only ops on constants (reshape/permute_dims/expand_dims/squeeze of a
+  weight) are folded with numpy, so the graph contains only real work.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from hetpart.errors import MissingInputShapeError, ModelLoadError, UnsupportedOpError
+from hetpart.graph import TensorSpec
+
+log = logging.getLogger(__name__)
+
+PARAM_INPUTS_METADATA_KEY = "hetpart.param_inputs"
+
+
+@dataclass(frozen=True)
+class ImportedModel:
+    """A model in Relax plus what later stages need to know about where it came from."""
+
+    mod: Any                                   # tvm.IRModule; `main` takes the model inputs
+    name: str
+    inputs: tuple[TensorSpec, ...]             # model inputs (bound shapes)
+    output_names: tuple[str, ...]
+    source_hash: str                           # identifies model file + bound shapes
+    source_kind: str                           # "onnx" or "torch"
+    param_inputs: tuple[str, ...] = ()         # inputs that are really weights (see PARAM_INPUTS_METADATA_KEY)
+    onnx_path: Path | None = None              # the slimmed ONNX file used (for onnxruntime reference runs)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def parse_input_shapes(specs: Sequence[str] | Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
+    """``["x=1,3,224,224", "mask=1,128"]`` (CLI form) or a mapping -> ``{name: dims}``."""
+    if not specs:
+        return {}
+    if isinstance(specs, Mapping):
+        return {str(k): tuple(int(d) for d in v) for k, v in specs.items()}
+    out: dict[str, tuple[int, ...]] = {}
+    for spec in specs:
+        name, sep, dims = str(spec).rpartition("=")
+        if not sep or not name:
+            raise ModelLoadError(f"input shape {spec!r} must look like NAME=D1,D2,... (e.g. input=1,3,224,224)")
+        try:
+            out[name] = tuple(int(d) for d in re.split(r"[,x]", dims) if d.strip())
+        except ValueError:
+            raise ModelLoadError(f"input shape {spec!r}: dims must be integers, e.g. input=1,3,224,224") from None
+        if any(d <= 0 for d in out[name]) or not out[name]:
+            raise ModelLoadError(f"input shape {spec!r}: every dim must be a positive integer")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- ONNX
+def _load_onnx(path: Path):
+    import onnx
+
+    if not path.exists():
+        raise ModelLoadError(f"model file {path} does not exist; pass an ONNX file or a zoo name (see `hetpart zoo`)")
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # protobuf DecodeError, truncated file, ...
+        raise ModelLoadError(f"{path} is not a readable ONNX model ({type(exc).__name__}: {exc}); "
+                             "check the file is complete and really ONNX") from exc
+    if not model.HasField("graph") or len(model.graph.node) == 0:
+        raise ModelLoadError(f"{path} holds no ONNX graph with operators: it is truncated or not an ONNX file")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as exc:  # many exported models bend the spec (e.g. outputs without shapes): go on
+        log.warning("%s does not pass onnx.checker (%s); importing it anyway", path.name, str(exc).splitlines()[0])
+    return model
+
+
+def _onnx_inputs(model) -> list[tuple[str, list, str]]:
+    """(name, dims, dtype) of real inputs; dims hold ints, or str for symbolic/unknown dims."""
+    import onnx
+
+    inits = {i.name for i in model.graph.initializer}
+    out = []
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                for d in tt.shape.dim]
+        out.append((vi.name, dims, onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type).name))
+    return out
+
+
+def _bind_shapes(path: Path, inputs, given: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    names = [n for n, _, _ in inputs]
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ModelLoadError(f"--input-shape names {unknown}, but the model's inputs are {names}")
+    bound, missing = {}, []
+    for name, dims, _ in inputs:
+        if name in given:
+            if len(given[name]) != len(dims):
+                raise ModelLoadError(f"input {name!r} has rank {len(dims)} ({dims}) but the given shape "
+                                     f"{list(given[name])} has rank {len(given[name])}")
+            for want, have in zip(dims, given[name]):
+                if isinstance(want, int) and want != have:
+                    raise ModelLoadError(f"input {name!r} has fixed dims {dims}; the given shape "
+                                         f"{list(given[name])} contradicts them")
+            bound[name] = given[name]
+        elif all(isinstance(d, int) for d in dims):
+            bound[name] = tuple(dims)
+        else:
+            missing.append((name, dims))
+    if missing:
+        lines = "; ".join(f"{n} has dims {d}" for n, d in missing)
+        example = " ".join(f"--input-shape {n}={','.join(str(x) if isinstance(x, int) else '1' for x in d)}"
+                           for n, d in missing)
+        raise MissingInputShapeError(
+            f"{path.name}: inputs with symbolic or unknown dims need a shape: {lines}. Pass e.g. {example} "
+            "(Python: input_shapes={name: dims})")
+    return bound
+
+
+def _onnx_convert_map() -> dict:
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    return onnx_frontend._get_convert_map()
+
+
+def _check_onnx_ops_supported(model, path: Path) -> None:
+    counts = collections.Counter(
+        n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in model.graph.node)
+    known = _onnx_convert_map()
+    missing = {op: c for op, c in sorted(counts.items()) if op not in known}
+    if missing:
+        listing = ", ".join(f"{op} x{c}" for op, c in missing.items())
+        raise UnsupportedOpError(
+            f"{path.name}: TVM 0.27's ONNX importer (with hetpart's RNN converters) cannot import these op types: "
+            f"{listing}. Replace them in the model or register a converter.")
+
+
+def _install_rnn_converters() -> None:
+    try:
+        from tvm_passes.rnn import install_onnx_rnn_converters
+    except ImportError:  # TODO(lead): remove once tvm_passes.rnn lands
+        return
+    install_onnx_rnn_converters()
+
+
+def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str | None,
+                 work_dir: Path | None) -> ImportedModel:
+    import onnx
+    import onnxslim
+    from tvm.relax.frontend.onnx import from_onnx
+
+    model = _load_onnx(path)
+    inputs = _onnx_inputs(model)
+    bound = _bind_shapes(path, inputs, input_shapes)
+    _install_rnn_converters()
+    _check_onnx_ops_supported(model, path)
+    param_inputs = tuple(p for m in model.metadata_props if m.key == PARAM_INPUTS_METADATA_KEY
+                         for p in m.value.split(",") if p)
+    try:
+        slim = onnxslim.slim(model, input_shapes=[f"{n}:{','.join(map(str, d))}" for n, d in bound.items()])
+    except Exception as exc:
+        raise ModelLoadError(f"{path.name}: folding shape computations with onnxslim failed for shapes "
+                             f"{bound}: {exc}") from exc
+    dtypes = {n: dt for n, _, dt in inputs}
+    try:
+        mod = from_onnx(slim, shape_dict={n: list(d) for n, d in bound.items()}, dtype_dict=dtypes,
+                        keep_params_in_input=False, sanitize_input_names=False)
+    except Exception as exc:
+        raise ModelLoadError(f"{path.name}: TVM's ONNX importer failed ({type(exc).__name__}: {exc})") from exc
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256(f"{digest}|{sorted(bound.items())}".encode()).hexdigest()[:16]
+    slim_path = None
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+        slim_path = Path(work_dir) / f"{path.stem}.{digest}.slim.onnx"
+        if not slim_path.exists():
+            tmp = slim_path.with_suffix(".tmp")
+            onnx.save(slim, str(tmp))
+            tmp.replace(slim_path)
+    return ImportedModel(
+        mod=_normalize(mod), name=name or path.stem,
+        inputs=tuple(TensorSpec(n, bound[n], dtypes[n]) for n, _, _ in inputs),
+        output_names=tuple(o.name for o in slim.graph.output), source_hash=digest, source_kind="onnx",
+        param_inputs=param_inputs, onnx_path=slim_path)
+
+
+# --------------------------------------------------------------------------------------------------- torch
+def _select_int_fixed(node, importer):
+    """``aten.select.int`` with a negative index made positive, and a bounds-safe take."""
+    from tvm import relax
+
+    x = importer.env[node.args[0]]
+    dim, index = int(node.args[1]), int(node.args[2])
+    shape = [int(s) for s in x.ty.shape.values]
+    dim = dim % len(shape)
+    if index < 0:
+        index += shape[dim]
+    return importer.block_builder.emit(relax.op.take(x, relax.const(index, "int64"), dim, mode="clip"))
+
+
+def _import_torch(module, example_inputs: Sequence[Any], name: str | None) -> ImportedModel:
+    import torch
+    from tvm.relax.frontend.torch import from_exported_program
+
+    if not example_inputs:
+        raise ModelLoadError("a torch.nn.Module needs example inputs: import_model(module, example_inputs=(x,))")
+    example_inputs = tuple(example_inputs)
+    module = module.eval()
+    try:
+        with torch.no_grad():
+            exported = torch.export.export(module, example_inputs)
+    except Exception as exc:
+        raise ModelLoadError(f"torch.export could not trace {type(module).__name__}: {exc}") from exc
+    try:
+        mod = from_exported_program(exported, keep_params_as_input=False, unwrap_unit_return_tuple=True,
+                                    custom_convert_map={"select.int": _select_int_fixed})
+    except AssertionError as exc:
+        match = re.search(r"Unsupported function types \[(.*)\]", str(exc))
+        if not match:
+            raise
+        missing = {m.strip(" '\"") for m in match.group(1).split(",")}
+        decomposed = exported.run_decompositions()
+        counts = collections.Counter(n.target.__name__ for n in decomposed.graph.nodes
+                                     if n.op == "call_function" and getattr(n.target, "__name__", "") in missing)
+        listing = ", ".join(f"{op} x{counts.get(op, 1)}" for op in sorted(missing))
+        raise UnsupportedOpError(f"{type(module).__name__}: TVM 0.27's torch importer cannot import these ops: "
+                                 f"{listing}") from exc
+    names = [f"input{i}" if not hasattr(p, "name") else p.name for i, p in enumerate(mod["main"].params)]
+    specs = tuple(TensorSpec(n, tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch."))
+                  for n, t in zip(names, example_inputs))
+    h = hashlib.sha256(str(exported.graph).encode())
+    for tensor in list(module.state_dict().values()):
+        h.update(np.ascontiguousarray(tensor.detach().cpu().numpy()).tobytes()[:4096])
+    h.update(repr([s.shape for s in specs]).encode())
+    return ImportedModel(mod=_normalize(mod), name=name or type(module).__name__, inputs=specs,
+                         output_names=(), source_hash=h.hexdigest()[:16], source_kind="torch")
+
+
+# --------------------------------------------------------------------------------------------------- common
+_LAYOUT_OPS_ON_CONSTANTS = {"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze"}
+
+
+def fold_layout_ops_on_constants(mod):
+    """Replace reshape/permute_dims/expand_dims/squeeze of a constant by the reshaped constant (numpy).
+
+    TVM's FoldConstant does this too but compiles every folded expression (seconds per model); these four
+    layout ops are exactly computable with numpy. Iterates to a fixpoint so chains fold completely.
+    """
+    import tvm
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class _Folder(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = self.visit_expr_post_order(call)
+            if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _LAYOUT_OPS_ON_CONSTANTS
+                    and isinstance(call.args[0], tvm.ir.GenericConst)):
+                return call
+            out_ty = call.ty
+            if not isinstance(out_ty, relax.TensorType) or out_ty.shape is None:
+                return call
+            try:
+                value = call.args[0].value.numpy()
+                if call.op.name == "relax.permute_dims":
+                    axes = call.attrs.axes
+                    value = np.transpose(value, None if axes is None else [int(a) for a in axes])
+                target_shape = [int(s) for s in out_ty.shape.values]
+            except (TypeError, ValueError, AttributeError):
+                return call  # symbolic shape: leave it to TVM
+            return relax.const(np.ascontiguousarray(value.reshape(target_shape)), str(out_ty.dtype))
+
+    folder = _Folder(mod)
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            folder.builder_.update_func(gv, folder.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(folder.builder_.get())
+
+
+def _normalize(mod):
+    from tvm import relax
+
+    mod = fold_layout_ops_on_constants(mod)
+    return relax.transform.Normalize()(mod)
+
+
+def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mapping[str, Sequence[int]] | None = None,
+                 example_inputs: Sequence[Any] | None = None, name: str | None = None,
+                 work_dir: str | Path | None = None) -> ImportedModel:
+    """Import an ONNX file (path) or a ``torch.nn.Module`` (with ``example_inputs``) into Relax."""
+    shapes = parse_input_shapes(input_shapes)
+    if isinstance(model, (str, Path)):
+        path = Path(model)
+        if path.suffix.lower() not in (".onnx", "") and path.exists():
+            log.warning("%s does not end in .onnx; trying to read it as ONNX anyway", path)
+        return _import_onnx(path, shapes, name, Path(work_dir) if work_dir else None)
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is an optional extra
+        raise ModelLoadError("importing a torch module needs torch: pip install 'hetpart[torch]'") from None
+    if isinstance(model, torch.nn.Module):
+        return _import_torch(model, example_inputs or (), name)
+    raise ModelLoadError(f"cannot import a {type(model).__name__}: pass an ONNX path, a zoo name or a "
+                         "torch.nn.Module with example_inputs")
