@@ -72,13 +72,22 @@ def _static_shape(ty) -> tuple[int, ...]:
                                 "(--input-shape NAME=DIMS) so that every shape is static") from None
 
 
+_ATTRS_METHODS = {"get_int", "get_int_tuple", "get_str", "id_", "is_", "same_as", "keys", "handle"}
+
+
 def _attrs_dict(attrs) -> dict[str, Any]:
+    """Op attributes (strides, padding, groups, layouts, axes, ...) as JSON-safe values."""
     if attrs is None:
         return {}
+    if hasattr(attrs, "keys"):
+        keys = list(attrs.keys())
+    else:  # 0.27 attrs objects expose fields as properties
+        keys = [k for k in dir(attrs) if not k.startswith("_") and k not in _ATTRS_METHODS]
     out: dict[str, Any] = {}
-    keys = attrs.keys() if hasattr(attrs, "keys") else []
     for key in keys:
-        value = attrs[key]
+        value = attrs[key] if hasattr(attrs, "keys") else getattr(attrs, key)
+        if callable(value):
+            continue
         out[str(key)] = _jsonable(value)
     return out
 
