@@ -137,6 +137,20 @@ def _bind_shapes(path: Path, inputs, given: dict[str, tuple[int, ...]]) -> dict[
     return bound
 
 
+def _param_inputs(model) -> tuple[str, ...]:
+    """Inputs that hold weights, listed in metadata ``hetpart.param_inputs`` (JSON list or comma-separated)."""
+    import json
+
+    for prop in model.metadata_props:
+        if prop.key == PARAM_INPUTS_METADATA_KEY:
+            try:
+                names = json.loads(prop.value)
+            except json.JSONDecodeError:
+                names = prop.value.split(",")
+            return tuple(str(n) for n in names if n)
+    return ()
+
+
 def _onnx_convert_map() -> dict:
     from tvm.relax.frontend.onnx import onnx_frontend
 
@@ -174,8 +188,7 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
     bound = _bind_shapes(path, inputs, input_shapes)
     _install_rnn_converters()
     _check_onnx_ops_supported(model, path)
-    param_inputs = tuple(p for m in model.metadata_props if m.key == PARAM_INPUTS_METADATA_KEY
-                         for p in m.value.split(",") if p)
+    param_inputs = _param_inputs(model)
     try:
         slim = onnxslim.slim(model, input_shapes=[f"{n}:{','.join(map(str, d))}" for n, d in bound.items()])
     except Exception as exc:
