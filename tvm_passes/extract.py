@@ -248,10 +248,8 @@ class _Extractor:
 
 
 def _rnn_tags(var_name: str) -> dict[str, Any]:
-    try:
-        from tvm_passes.rnn import parse_rnn_tag
-    except ImportError:  # TODO(lead): remove once tvm_passes.rnn lands
-        return {}
+    from tvm_passes.rnn import parse_rnn_tag
+
     return parse_rnn_tag(var_name) or {}
 
 

@@ -170,10 +170,8 @@ def _check_onnx_ops_supported(model, path: Path) -> None:
 
 
 def _install_rnn_converters() -> None:
-    try:
-        from tvm_passes.rnn import install_onnx_rnn_converters
-    except ImportError:  # TODO(lead): remove once tvm_passes.rnn lands
-        return
+    from tvm_passes.rnn import install_onnx_rnn_converters
+
     install_onnx_rnn_converters()
 
 

@@ -1,0 +1,207 @@
+"""Unrolled ONNX LSTM/GRU/RNN converters: numerics vs onnxruntime, per-step tags, unsupported attributes."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto, helper
+from tvm import relax
+
+from hetpart.errors import UnsupportedOpError
+from tvm_passes.rnn import (RNN_OP_TYPES, find_unsupported_rnn_nodes, install_onnx_rnn_converters,
+                            parse_rnn_tag)
+
+from .rnn_models import build_rnn_model, onnxruntime_reference
+
+pytestmark = pytest.mark.tvm
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _converters():
+    install_onnx_rnn_converters()
+
+
+def _import(model: onnx.ModelProto, keep_params: bool = False) -> tvm.IRModule:
+    return relax.frontend.onnx.from_onnx(model, keep_params_in_input=keep_params)
+
+
+def _run_tvm(model: onnx.ModelProto, feeds: dict[str, np.ndarray], keep_params: bool = False) -> list[np.ndarray]:
+    mod, params = relax.frontend.detach_params(_import(model, keep_params))
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    args = [tvm.runtime.tensor(feeds[i.name]) for i in model.graph.input] + params.get("main", [])
+    out = vm["main"](*args)
+    return [o.numpy() for o in out] if isinstance(out, (list, tuple)) or hasattr(out, "__len__") \
+        else [out.numpy()]
+
+
+def _assert_matches_onnxruntime(op_type: str, keep_params: bool = False, **kwargs) -> None:
+    model, feeds, expected = onnxruntime_reference(op_type, **kwargs)
+    got = _run_tvm(model, feeds, keep_params)
+    assert len(got) == len(expected)
+    for name, g, e in zip([o.name for o in model.graph.output], got, expected):
+        assert g.shape == e.shape, f"{name}: shape {g.shape} != onnxruntime {e.shape}"
+        err = float(np.abs(g - e).max())
+        assert err <= TOLERANCE, f"{name}: max |tvm - onnxruntime| = {err:.2e}"
+
+
+DEFAULT_LSTM_ACTS = {"activations": ["Sigmoid", "Tanh", "Tanh"] * 2}
+
+# (op_type, kwargs): 1- and 2-layer, every direction, both layouts, seq 1/3/7, with/without states and biases.
+NUMERIC_CASES = [
+    ("LSTM", dict(seq=1)),
+    ("LSTM", dict(seq=3, num_layers=2, direction="bidirectional", layout=1, peephole=True)),
+    ("LSTM", dict(seq=7, num_layers=2, direction="reverse", with_bias=False, with_initial=False)),
+    ("LSTM", dict(seq=3, direction="bidirectional", sequence_lens=[3, 3], extra_attrs=DEFAULT_LSTM_ACTS)),
+    ("GRU", dict(seq=7, num_layers=2, direction="bidirectional", linear_before_reset=0)),
+    ("GRU", dict(seq=3, direction="reverse", layout=1, linear_before_reset=1, with_bias=False,
+                 with_initial=False)),
+    ("GRU", dict(seq=1, layout=1, linear_before_reset=0, with_initial=False)),
+    ("GRU", dict(seq=7, num_layers=2, linear_before_reset=1)),
+    ("RNN", dict(seq=3, num_layers=2, direction="bidirectional", layout=1)),
+    ("RNN", dict(seq=7, direction="reverse", with_bias=False)),
+    ("RNN", dict(seq=1, with_initial=False, sequence_lens=[1, 1], extra_attrs={"activations": ["Tanh"]})),
+]
+
+
+@pytest.mark.parametrize("op_type,kwargs", NUMERIC_CASES,
+                         ids=[f"{op}-{'-'.join(f'{k}={v}' for k, v in kw.items() if k != 'extra_attrs')}"
+                              for op, kw in NUMERIC_CASES])
+def test_matches_onnxruntime(op_type, kwargs):
+    _assert_matches_onnxruntime(op_type, **kwargs)
+
+
+@pytest.mark.parametrize("op_type,kwargs", [
+    ("LSTM", dict(direction="bidirectional", layout=1, peephole=True, sequence_lens=[3, 3])),
+    ("GRU", dict(direction="bidirectional", linear_before_reset=0)),
+    ("GRU", dict(direction="reverse", layout=1, linear_before_reset=1)),
+    ("RNN", dict(direction="bidirectional")),
+])
+def test_weights_kept_as_function_inputs(op_type, kwargs):
+    """keep_params_in_input=True turns W/R/B/P into Vars: weight slicing is then emitted as tagged ops."""
+    _assert_matches_onnxruntime(op_type, keep_params=True, seq=3, **kwargs)
+
+
+def _bindings(mod: tvm.IRModule):
+    for block in mod["main"].body.blocks:
+        yield from block.bindings
+
+
+def _is_op(value) -> bool:
+    return isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+
+
+@pytest.mark.parametrize("keep_params", [False, True])
+def test_every_op_binding_of_an_unrolled_model_is_tagged(keep_params):
+    seq = 4
+    model, _ = build_rnn_model("LSTM", seq=seq, direction="bidirectional", peephole=True, layout=1)
+    tags = {}
+    bindings = list(_bindings(_import(model, keep_params)))
+    tagged_names = [b.var.name for b in bindings if parse_rnn_tag(b.var.name)]
+    assert len(tagged_names) == len(set(tagged_names)), "tag names must be unique"
+    for binding in bindings:
+        tag = parse_rnn_tag(binding.var.name)
+        if _is_op(binding.value):
+            assert tag is not None, f"op binding {binding.var.name} = {binding.value.op.name} has no rnn tag"
+        if tag is not None:
+            tags[binding.var] = (tag, binding.value)
+    steps = {}
+    for tag, value in tags.values():
+        assert tag["rnn_layer"] == 0
+        steps.setdefault((tag["rnn_direction"], tag["rnn_phase"]), set()).add(tag["rnn_step"])
+    assert steps[(0, "step")] == steps[(1, "step")] == set(range(seq))
+    assert steps[(0, "input_projection")] == steps[(1, "input_projection")] == {-1}
+    assert (-1, "output") in steps  # the bidirectional Y/Y_h/Y_c stack spans both directions
+    # The input projection is hoisted: one matmul per direction over all steps, one h @ R^T per step.
+    matmuls = [tag for tag, value in tags.values() if _is_op(value) and value.op.name == "relax.matmul"]
+    assert sum(t["rnn_phase"] == "input_projection" for t in matmuls) == 2
+    assert sum(t["rnn_phase"] == "step" for t in matmuls) == 2 * seq
+    # Step T of a direction reads only its own step, step T-1 of the same direction, or the prologue.
+    for tag, value in tags.values():
+        if tag["rnn_phase"] != "step":
+            continue
+        for used in relax.analysis.free_vars(value):
+            if used in tags:
+                src = tags[used][0]
+                assert src["rnn_direction"] == tag["rnn_direction"]
+                assert src["rnn_phase"] == "input_projection" or \
+                    src["rnn_step"] in (tag["rnn_step"], tag["rnn_step"] - 1), (tag, src)
+
+
+def test_layer_index_follows_node_order_and_restarts_per_import():
+    model, _ = build_rnn_model("GRU", seq=2, num_layers=2)
+    names = [[b.var.name for b in _bindings(_import(model))] for _ in range(2)]
+    assert names[0] == names[1]
+    layers = [parse_rnn_tag(n)["rnn_layer"] for n in names[0] if parse_rnn_tag(n)]
+    assert layers == sorted(layers) and set(layers) == {0, 1}
+    untagged_ops = [b.value.op.name for b in _bindings(_import(model)) if _is_op(b.value)
+                    and parse_rnn_tag(b.var.name) is None]
+    assert untagged_ops == ["relax.permute_dims", "relax.reshape"]  # the Transpose+Reshape between layers
+
+
+def test_parse_rnn_tag():
+    assert parse_rnn_tag("rnn2_d1_t13_gates") == {"rnn_layer": 2, "rnn_direction": 1, "rnn_step": 13,
+                                                  "rnn_phase": "step"}
+    assert parse_rnn_tag("rnn0_d0_in_xproj") == {"rnn_layer": 0, "rnn_direction": 0, "rnn_step": -1,
+                                                 "rnn_phase": "input_projection"}
+    assert parse_rnn_tag("rnn3_dall_out_Y") == {"rnn_layer": 3, "rnn_direction": -1, "rnn_step": -1,
+                                                "rnn_phase": "output"}
+    for name in ("lv12", "conv1", "rnn_d0_t1_h", "rnn0_d0_t_h", "rnn0_dx_t1_h", "xrnn0_d0_t1_h"):
+        assert parse_rnn_tag(name) is None, name
+
+
+def test_install_is_idempotent():
+    from tvm.relax.frontend.onnx import onnx_frontend
+
+    install_onnx_rnn_converters()
+    patched = onnx_frontend._get_convert_map
+    install_onnx_rnn_converters()
+    assert onnx_frontend._get_convert_map is patched
+    assert all(op in patched() for op in RNN_OP_TYPES)
+
+
+@pytest.mark.parametrize("op_type,extra,expected", [
+    ("LSTM", {"clip": 3.0}, r"LSTM node 'lstm_0': clip=3.0 is not supported"),
+    ("LSTM", {"input_forget": 1}, r"LSTM node 'lstm_0': input_forget=1 is not supported; supported: 0"),
+    ("GRU", {"activations": ["Sigmoid", "Relu"]}, r"GRU node 'gru_0': activations=\('sigmoid', 'relu'\) is "
+                                                  r"not supported; supported: the defaults"),
+    ("RNN", {"activations": ["Relu"]}, r"RNN node 'rnn_0': activations=\('relu',\)"),
+])
+def test_unsupported_attributes_raise(op_type, extra, expected):
+    model, _ = build_rnn_model(op_type, seq=2, extra_attrs=extra)
+    with pytest.raises(UnsupportedOpError, match=expected):
+        _import(model)
+    assert len(find_unsupported_rnn_nodes(model)) == 1
+
+
+def test_sequence_lens_shorter_than_the_sequence_raises():
+    model, _ = build_rnn_model("LSTM", seq=3, sequence_lens=[3, 2])
+    with pytest.raises(UnsupportedOpError, match=r"sequence_lens is \[3, 2\]; supported: .*length 3"):
+        _import(model)
+
+
+def test_sequence_lens_given_at_run_time_raises():
+    model, _ = build_rnn_model("GRU", seq=3, sequence_lens=[3, 3])
+    lens = next(t for t in model.graph.initializer if t.name == "seq_lens0")
+    model.graph.initializer.remove(lens)
+    model.graph.input.append(helper.make_tensor_value_info("seq_lens0", TensorProto.INT32, [2]))
+    assert any("not a constant initializer" in p for p in find_unsupported_rnn_nodes(model))
+    with pytest.raises(UnsupportedOpError, match="sequence_lens is a value computed at run time"):
+        _import(model)
+
+
+def test_symbolic_sequence_length_raises():
+    model, _ = build_rnn_model("RNN", seq=3)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "seq"
+    with pytest.raises(UnsupportedOpError, match="symbolic shape"):
+        _import(model)
+
+
+def test_find_unsupported_rnn_nodes_lists_every_problem():
+    model, _ = build_rnn_model("LSTM", seq=2, num_layers=2, extra_attrs={"clip": 1.0, "input_forget": 1})
+    problems = find_unsupported_rnn_nodes(model)
+    assert len(problems) == 4
+    assert {p.split(":")[0] for p in problems} == {"LSTM node 'lstm_0'", "LSTM node 'lstm_1'"}
+    clean, _ = build_rnn_model("LSTM", seq=2, direction="bidirectional", extra_attrs=DEFAULT_LSTM_ACTS)
+    assert find_unsupported_rnn_nodes(clean) == []

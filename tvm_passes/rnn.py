@@ -1,0 +1,395 @@
+"""ONNX ``LSTM`` / ``GRU`` / ``RNN`` converters for TVM 0.27's Relax ONNX frontend, unrolled per time step.
+
+TVM 0.27 has no converter for these ops. :func:`install_onnx_rnn_converters` registers ours by wrapping
+``onnx_frontend._get_convert_map`` (the importer looks the map up for every node). Supported: direction
+forward / reverse / bidirectional, optional ``B``, ``initial_h``, ``initial_c`` and LSTM peepholes ``P``,
+``layout`` 0 and 1, GRU ``linear_before_reset`` 0 and 1, ``sequence_lens`` absent or a constant equal to the
+full sequence length for every batch entry, default activations only. Anything else raises
+:class:`hetpart.errors.UnsupportedOpError` naming the node, the attribute and what is supported.
+
+**Tags.** Relax bindings have no attributes, so every binding a converter emits gets a var name that encodes
+where it belongs; :func:`parse_rnn_tag` decodes it::
+
+    rnn{L}_d{D}_t{T}_{what}   one recurrence step:      rnn_step = T (0, 1, ...), rnn_phase = "step"
+    rnn{L}_d{D}_in_{what}     before the recurrence:    rnn_step = -1, rnn_phase = "input_projection"
+                              (weight slicing, the input projection of all steps in one matmul, initial state)
+    rnn{L}_d{D}_out_{what}    after the recurrence:     rnn_step = -1, rnn_phase = "output"
+                              (stacking the per-step outputs of direction D into Y)
+    rnn{L}_dall_out_{what}    output spanning both directions of a bidirectional node: rnn_direction = -1
+
+``L`` is the index of the node among the LSTM/GRU/RNN nodes of the imported graph in conversion order, which
+is the ONNX node order (topological), so it is stable for a given model file. ``D`` is the index on ONNX's
+``num_directions`` axis (0 = forward, 1 = reverse of a bidirectional node; a ``direction="reverse"`` node has
+only D = 0). ``T`` is the *iteration* index: step T depends on step T-1 of the same (L, D); a reverse
+direction processes time position ``seq_len - 1 - T`` at step T.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
+
+from hetpart.errors import UnsupportedOpError
+
+logger = logging.getLogger(__name__)
+
+RNN_OP_TYPES = ("LSTM", "GRU", "RNN")
+DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh"), "RNN": ("tanh",)}
+_DIRECTIONS = ("forward", "reverse", "bidirectional")
+_TAG_RE = re.compile(r"^rnn(?P<layer>\d+)_d(?P<dir>\d+|all)_(?:(?P<phase>in|out)|t(?P<step>\d+))_")
+_LAYER_COUNTER_ATTR = "_hetpart_rnn_layers_converted"
+_PHASES = {"in": "input_projection", "out": "output"}
+GATE_COUNT = {"LSTM": 4, "GRU": 3, "RNN": 1}
+
+
+def rnn_tag_name(layer: int, direction: int | None, step: int | str, what: str) -> str:
+    """The var name for an emitted binding: ``step`` is an int, ``"in"`` or ``"out"``; direction None = all."""
+    d = "all" if direction is None else str(direction)
+    t = f"t{step}" if isinstance(step, int) else step
+    return f"rnn{layer}_d{d}_{t}_{what}"
+
+
+def parse_rnn_tag(var_name: str) -> dict | None:
+    """Decode a tag written by these converters, or None if ``var_name`` carries none.
+
+    Returns ``{"rnn_layer": L, "rnn_direction": D, "rnn_step": T, "rnn_phase": phase}`` where D is -1 for
+    bindings spanning all directions, T is -1 outside the recurrence, and phase is "step",
+    "input_projection" or "output" (see the module docstring).
+    """
+    match = _TAG_RE.match(var_name)
+    if match is None:
+        return None
+    direction = -1 if match["dir"] == "all" else int(match["dir"])
+    if match["step"] is not None:
+        step, phase = int(match["step"]), "step"
+    else:
+        step, phase = -1, _PHASES[match["phase"]]
+    return {"rnn_layer": int(match["layer"]), "rnn_direction": direction, "rnn_step": step, "rnn_phase": phase}
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def attribute_problems(op_type: str, node_name: str, attrs: dict) -> list[str]:
+    """Every unsupported attribute of one RNN node; ``attrs`` maps names to parsed ONNX values."""
+    where = f"{op_type} node '{node_name}'"
+    problems = []
+    direction = _text(attrs.get("direction", b"forward"))
+    if direction not in _DIRECTIONS:
+        problems.append(f"{where}: direction={direction!r} is not valid; expected one of {_DIRECTIONS}")
+    num_dirs = 2 if direction == "bidirectional" else 1
+    if int(attrs.get("layout", 0)) not in (0, 1):
+        problems.append(f"{where}: layout={attrs['layout']} is not supported; supported: 0 or 1")
+    if "clip" in attrs:
+        problems.append(f"{where}: clip={attrs['clip']} is not supported; supported: no 'clip' attribute "
+                        "(re-export without cell clipping)")
+    if op_type == "LSTM" and int(attrs.get("input_forget", 0)) != 0:
+        problems.append(f"{where}: input_forget={attrs['input_forget']} is not supported; supported: 0")
+    if op_type == "GRU" and int(attrs.get("linear_before_reset", 0)) not in (0, 1):
+        problems.append(f"{where}: linear_before_reset={attrs['linear_before_reset']} is not valid; "
+                        "supported: 0 or 1")
+    if "activations" in attrs:
+        found = tuple(_text(a).lower() for a in attrs["activations"])
+        expected = DEFAULT_ACTIVATIONS[op_type] * num_dirs
+        if found != expected:
+            problems.append(f"{where}: activations={found} is not supported; supported: the defaults "
+                            f"{expected} (per direction)")
+    # activation_alpha / activation_beta have no effect on Sigmoid and Tanh, so they are accepted.
+    return problems
+
+
+def find_unsupported_rnn_nodes(model: onnx.ModelProto) -> list[str]:
+    """Problems of every LSTM/GRU/RNN node in ``model`` found without TVM: attributes, and sequence_lens that
+    is not a constant initializer (its equality to the sequence length is checked during conversion)."""
+    initializers = {t.name for t in model.graph.initializer}
+    problems = []
+    for node in model.graph.node:
+        if node.op_type not in RNN_OP_TYPES:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        problems += attribute_problems(node.op_type, node.name, attrs)
+        if len(node.input) > 4 and node.input[4] and node.input[4] not in initializers:
+            problems.append(f"{node.op_type} node '{node.name}': sequence_lens '{node.input[4]}' is not a "
+                            "constant initializer; supported: no sequence_lens, or a constant equal to the "
+                            "sequence length for every batch entry")
+    return problems
+
+
+@dataclass(frozen=True)
+class _RnnSpec:
+    op_type: str
+    node_name: str
+    hidden: int
+    seq_len: int
+    batch: int
+    layout: int
+    reversed_dirs: tuple[bool, ...]   # one entry per ONNX direction index
+    linear_before_reset: bool
+    dtype: str
+
+    @property
+    def time_axis(self) -> int:
+        return self.layout  # X is [seq, batch, in] (layout 0) or [batch, seq, in] (layout 1)
+
+
+def _static_dims(expr: relax.Expr, what: str, where: str) -> list[int]:
+    dims = []
+    for dim in expr.ty.shape.values:
+        if not isinstance(dim, tvm.tirx.IntImm):
+            raise UnsupportedOpError(f"{where}: {what} has symbolic shape {list(expr.ty.shape.values)}; the RNN "
+                                     "is unrolled per time step, so every dimension must be static. Pass the "
+                                     "input shapes when importing (e.g. --input-shape NAME=DIMS)")
+        dims.append(int(dim))
+    return dims
+
+
+def _constant_value(expr: relax.Expr | None, params) -> np.ndarray | None:
+    """The value of a constant or of a parameter kept as a function input, else None."""
+    if isinstance(expr, tvm.ir.expr.Constant):
+        return expr.value.numpy()
+    if isinstance(expr, relax.Var) and params is not None and len(params) > 1:
+        entry = params[1].get(expr.name)
+        if entry is not None and entry[0].same_as(expr):
+            return entry[1].numpy()
+    return None
+
+
+def _parse_spec(op_type: str, inputs, attrs: dict, params) -> _RnnSpec:
+    node_name = attrs.get("tvm_custom", {}).get("name", "") or "<unnamed>"
+    where = f"{op_type} node '{node_name}'"
+    problems = attribute_problems(op_type, node_name, attrs)
+    if problems:
+        raise UnsupportedOpError("; ".join(problems))
+    direction = _text(attrs.get("direction", b"forward"))
+    layout = int(attrs.get("layout", 0))
+    x_dims = _static_dims(inputs[0], "input X", where)
+    r_dims = _static_dims(inputs[2], "recurrence weight R", where)
+    hidden = int(attrs.get("hidden_size", r_dims[-1]))
+    if r_dims[-1] != hidden or r_dims[1] != GATE_COUNT[op_type] * hidden:
+        raise UnsupportedOpError(f"{where}: R has shape {r_dims}, but hidden_size={hidden} needs "
+                                 f"[num_directions, {GATE_COUNT[op_type] * hidden}, {hidden}]")
+    seq_len, batch = (x_dims[0], x_dims[1]) if layout == 0 else (x_dims[1], x_dims[0])
+    if len(inputs) > 4 and inputs[4] is not None:
+        lens = _constant_value(inputs[4], params)
+        if lens is None or lens.shape != (batch,) or not np.all(lens == seq_len):
+            found = "a value computed at run time" if lens is None else f"{lens.tolist()}"
+            raise UnsupportedOpError(f"{where}: sequence_lens is {found}; supported: absent, or a constant "
+                                     f"equal to the full sequence length {seq_len} for all {batch} batch "
+                                     "entries (variable-length sequences are not supported)")
+    reversed_dirs = {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}[direction]
+    return _RnnSpec(op_type=op_type, node_name=node_name, hidden=hidden, seq_len=seq_len, batch=batch,
+                    layout=layout, reversed_dirs=reversed_dirs,
+                    linear_before_reset=bool(int(attrs.get("linear_before_reset", 0))),
+                    dtype=str(inputs[0].ty.dtype))
+
+
+class _Emitter:
+    """Emits bindings named with the (layer, direction, step) tag of one RNN node."""
+
+    def __init__(self, bb: relax.BlockBuilder, layer: int):
+        self.bb = bb
+        self.layer = layer
+        self.direction: int | None = None
+        self.step: int | str = "in"
+
+    def __call__(self, expr: relax.Expr, what: str) -> relax.Var:
+        return self.bb.emit(expr, name_hint=rnn_tag_name(self.layer, self.direction, self.step, what))
+
+    def item(self, tup: relax.Expr, index: int, what: str) -> relax.Var:
+        return self(relax.TupleGetItem(tup, index), what)
+
+
+def _slice_rows(emit: _Emitter, tensor: relax.Expr, direction: int, start: int, stop: int,
+                transpose: bool, what: str) -> relax.Expr:
+    """``tensor[direction, start:stop]`` (transposed if asked), folded in numpy when ``tensor`` is a constant."""
+    if isinstance(tensor, tvm.ir.expr.Constant):
+        rows = tensor.value.numpy()[direction, start:stop]
+        return relax.const(np.ascontiguousarray(rows.T if transpose else rows))
+    part = emit(relax.op.take(tensor, relax.const(direction, "int64"), axis=0, mode="clip"), f"{what}_dir")
+    if start != 0 or stop != int(tensor.ty.shape.values[1]):
+        part = emit(relax.op.strided_slice(part, axes=[0], begin=[start], end=[stop]), f"{what}_rows")
+    return emit(relax.op.permute_dims(part, [1, 0]), f"{what}_t") if transpose else part
+
+
+def _add(emit: _Emitter, a: relax.Expr | None, b: relax.Expr | None, what: str) -> relax.Expr | None:
+    """a + b where either may be None (absent); two constants are added in numpy."""
+    if a is None or b is None:
+        return b if a is None else a
+    if isinstance(a, tvm.ir.expr.Constant) and isinstance(b, tvm.ir.expr.Constant):
+        return relax.const(a.value.numpy() + b.value.numpy())
+    return emit(relax.op.add(a, b), what)
+
+
+@dataclass(frozen=True)
+class _CellWeights:
+    """One direction's weights, laid out for ``x @ w_t`` and ``h @ r_t``."""
+
+    w_t: relax.Expr                              # [input, G*H]
+    r_t: relax.Expr                              # [H, G*H]; GRU with linear_before_reset=0: [H, 2H] (z, r)
+    r_h_t: relax.Expr | None = None              # GRU with linear_before_reset=0: [H, H]
+    recurrent_bias: relax.Expr | None = None     # GRU with linear_before_reset=1: Rb [3H]
+    peepholes: tuple[relax.Expr, ...] | None = None  # LSTM: (P_i, P_o, P_f), each [H]
+
+
+def _cell_weights(emit: _Emitter, spec: _RnnSpec, inputs, d: int) -> tuple[_CellWeights, relax.Expr | None]:
+    """Per-direction weights, plus the bias added to the hoisted input projection (None: no bias)."""
+    gh, hid = GATE_COUNT[spec.op_type] * spec.hidden, spec.hidden
+    w, r, b = inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None
+    w_t = _slice_rows(emit, w, d, 0, gh, True, "w")
+    w_bias = None if b is None else _slice_rows(emit, b, d, 0, gh, False, "wb")
+    r_bias = None if b is None else _slice_rows(emit, b, d, gh, 2 * gh, False, "rb")
+    if spec.op_type == "GRU" and not spec.linear_before_reset:
+        # h~ = tanh(x W_h + (r * H) R_h + Wb_h + Rb_h): R_h multiplies r * H, so it is a separate matmul.
+        weights = _CellWeights(w_t=w_t, r_t=_slice_rows(emit, r, d, 0, 2 * hid, True, "r_zr"),
+                               r_h_t=_slice_rows(emit, r, d, 2 * hid, 3 * hid, True, "r_h"))
+        return weights, _add(emit, w_bias, r_bias, "bias")
+    r_t = _slice_rows(emit, r, d, 0, gh, True, "r")
+    if spec.op_type == "GRU":  # linear_before_reset=1: h~ = tanh(x W_h + Wb_h + r * (H R_h + Rb_h))
+        return _CellWeights(w_t=w_t, r_t=r_t, recurrent_bias=r_bias), w_bias
+    peep = inputs[7] if spec.op_type == "LSTM" and len(inputs) > 7 else None
+    peepholes = None if peep is None else tuple(
+        _slice_rows(emit, peep, d, k * hid, (k + 1) * hid, False, f"p{k}") for k in range(3))
+    return _CellWeights(w_t=w_t, r_t=r_t, peepholes=peepholes), _add(emit, w_bias, r_bias, "bias")
+
+
+def _lstm_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
+    """ONNX LSTM, gate order i, o, f, c; peepholes P_i, P_f see C_{t-1} and P_o sees C_t."""
+    op = relax.op
+    gates = emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "gates")
+    parts = emit(op.split(gates, 4, axis=1), "split")
+    g_i, g_o, g_f, g_c = (emit.item(parts, k, name) for k, name in enumerate(("gi", "go", "gf", "gc")))
+    if w.peepholes is not None:
+        p_i, p_o, p_f = w.peepholes
+        g_i = emit(op.add(g_i, emit(op.multiply(p_i, c), "pi_c")), "gi_peep")
+        g_f = emit(op.add(g_f, emit(op.multiply(p_f, c), "pf_c")), "gf_peep")
+    i, f, cand = emit(op.sigmoid(g_i), "i"), emit(op.sigmoid(g_f), "f"), emit(op.tanh(g_c), "cand")
+    c_new = emit(op.add(emit(op.multiply(f, c), "fc"), emit(op.multiply(i, cand), "ic")), "c")
+    if w.peepholes is not None:
+        g_o = emit(op.add(g_o, emit(op.multiply(w.peepholes[1], c_new), "po_c")), "go_peep")
+    o = emit(op.sigmoid(g_o), "o")
+    return emit(op.multiply(o, emit(op.tanh(c_new), "tanh_c")), "h"), c_new
+
+
+def _gru_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
+    """ONNX GRU, gate order z, r, h; H_t = (1 - z) * h~ + z * H_{t-1}, computed as h~ + z * (H_{t-1} - h~)."""
+    op = relax.op
+    x_parts = emit(op.split(x, 3, axis=1), "x_split")
+    x_z, x_r, x_h = (emit.item(x_parts, k, name) for k, name in enumerate(("xz", "xr", "xh")))
+    if w.r_h_t is None:  # linear_before_reset=1
+        h_proj = emit(op.matmul(h, w.r_t), "hr")
+        if w.recurrent_bias is not None:
+            h_proj = emit(op.add(h_proj, w.recurrent_bias), "hr_bias")
+        h_parts = emit(op.split(h_proj, 3, axis=1), "h_split")
+        h_z, h_r, h_h = (emit.item(h_parts, k, name) for k, name in enumerate(("hz", "hr_r", "hh")))
+    else:
+        h_parts = emit(op.split(emit(op.matmul(h, w.r_t), "hr"), 2, axis=1), "h_split")
+        h_z, h_r = (emit.item(h_parts, k, name) for k, name in enumerate(("hz", "hr_r")))
+    z = emit(op.sigmoid(emit(op.add(x_z, h_z), "z_pre")), "z")
+    r = emit(op.sigmoid(emit(op.add(x_r, h_r), "r_pre")), "r")
+    if w.r_h_t is None:
+        reset = emit(op.multiply(r, h_h), "r_hh")
+    else:
+        reset = emit(op.matmul(emit(op.multiply(r, h), "r_h"), w.r_h_t), "r_h_proj")
+    cand = emit(op.tanh(emit(op.add(x_h, reset), "cand_pre")), "cand")
+    return emit(op.add(cand, emit(op.multiply(z, emit(op.subtract(h, cand), "h_cand")), "z_h_cand")), "h"), c
+
+
+def _rnn_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
+    """ONNX RNN: H_t = tanh(x W^T + H_{t-1} R^T + Wb + Rb)."""
+    op = relax.op
+    return emit(op.tanh(emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "pre")), "h"), c
+
+
+_CELL_STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}
+
+
+def _initial_state(emit: _Emitter, spec: _RnnSpec, state: relax.Expr | None, d: int, what: str) -> relax.Expr:
+    if state is None:
+        return relax.const(np.zeros((spec.batch, spec.hidden), dtype=spec.dtype))
+    dir_axis = 0 if spec.layout == 0 else 1  # [num_dirs, batch, H] or [batch, num_dirs, H]
+    return emit(relax.op.take(state, relax.const(d, "int64"), axis=dir_axis, mode="clip"), what)
+
+
+def _run_direction(emit: _Emitter, spec: _RnnSpec, inputs, d: int):
+    """Unroll one direction; returns (Y of this direction without the direction axis, final h, final c)."""
+    emit.direction, emit.step = d, "in"
+    weights, proj_bias = _cell_weights(emit, spec, inputs, d)
+    proj = emit(relax.op.matmul(inputs[0], weights.w_t), "xproj")
+    if proj_bias is not None:
+        proj = emit(relax.op.add(proj, proj_bias), "xproj_bias")
+    h = _initial_state(emit, spec, inputs[5] if len(inputs) > 5 else None, d, "h0")
+    c = _initial_state(emit, spec, inputs[6] if len(inputs) > 6 else None, d, "c0")
+    outputs: list[relax.Expr | None] = [None] * spec.seq_len
+    for step in range(spec.seq_len):
+        emit.step = step
+        time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
+        x_gates = emit(relax.op.take(proj, relax.const(time, "int64"), axis=spec.time_axis, mode="clip"), "x")
+        h, c = _CELL_STEPS[spec.op_type](emit, weights, x_gates, h, c)
+        outputs[time] = h
+    emit.step = "out"
+    y = emit(relax.op.stack(outputs, axis=spec.time_axis), "y_dir")
+    return y, h, c
+
+
+def _next_layer(bb: relax.BlockBuilder) -> int:
+    """Index of the next RNN node converted by this importer (its BlockBuilder), counting from 0."""
+    layer = getattr(bb, _LAYER_COUNTER_ATTR, 0)
+    setattr(bb, _LAYER_COUNTER_ATTR, layer + 1)
+    return layer
+
+
+def _convert(op_type: str, bb: relax.BlockBuilder, inputs, attrs: dict, params) -> relax.Tuple:
+    spec = _parse_spec(op_type, inputs, attrs, params)
+    emit = _Emitter(bb, _next_layer(bb))
+    logger.debug("unrolling %s node %r as rnn layer %d: %d steps x %d directions", op_type, spec.node_name,
+                 emit.layer, spec.seq_len, len(spec.reversed_dirs))
+    per_dir = [_run_direction(emit, spec, inputs, d) for d in range(len(spec.reversed_dirs))]
+    # Y: [seq, dirs, batch, H] (layout 0) / [batch, seq, dirs, H] (layout 1); Y_h, Y_c: [dirs, batch, H] /
+    # [batch, dirs, H]. Direction axis: 1 / 2 for Y, 0 / 1 for the states.
+    y_axis, state_axis = (1, 0) if spec.layout == 0 else (2, 1)
+    emit.direction, emit.step = (0 if len(per_dir) == 1 else None), "out"
+
+    def gather(parts: list[relax.Expr], axis: int, what: str) -> relax.Var:
+        if len(parts) == 1:
+            return emit(relax.op.expand_dims(parts[0], axis), what)
+        return emit(relax.op.stack(parts, axis=axis), what)
+
+    results = [gather([p[0] for p in per_dir], y_axis, "Y"), gather([p[1] for p in per_dir], state_axis, "Y_h")]
+    if op_type == "LSTM":
+        results.append(gather([p[2] for p in per_dir], state_axis, "Y_c"))
+    return relax.Tuple(results)
+
+
+def _make_converter(op_type: str) -> type:
+    def impl(cls, bb, inputs, attr, params):
+        return _convert(op_type, bb, inputs, attr, params)
+
+    # _impl_v7 serves every opset >= 7 (the importer picks the largest version <= the model's opset).
+    return type(op_type, (_onnx_frontend.OnnxOpConverter,), {"_impl_v7": classmethod(impl),
+                                                             "__doc__": f"Unrolled ONNX {op_type}."})
+
+
+_CONVERTERS = {op_type: _make_converter(op_type) for op_type in RNN_OP_TYPES}
+
+
+def install_onnx_rnn_converters() -> None:
+    """Register the LSTM, GRU and RNN converters with the Relax ONNX frontend (idempotent)."""
+    current = _onnx_frontend._get_convert_map
+    if getattr(current, "_hetpart_rnn", False):
+        return
+
+    def convert_map_with_rnn():
+        convert_map = dict(current())
+        convert_map.update(_CONVERTERS)
+        return convert_map
+
+    convert_map_with_rnn._hetpart_rnn = True
+    _onnx_frontend._get_convert_map = convert_map_with_rnn
+    logger.debug("registered ONNX converters for %s", ", ".join(RNN_OP_TYPES))
