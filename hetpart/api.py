@@ -76,3 +76,19 @@ def analyze(model: ModelArg, *, input_shapes: Sequence[str] | Mapping[str, Seque
     graph = extract_op_graph(imported.mod, name=imported.name, source_hash=imported.source_hash,
                              param_inputs=imported.param_inputs)
     return graph.kernel_graph() if level == "kernel" else graph
+
+
+def compile(model: ModelArg, **kwargs: Any):
+    """Compile ``model`` for a CPU+GPU machine; see :func:`hetpart.compiler.compile` for the options."""
+    _ensure_threads()
+    from hetpart.compiler import compile as _compile
+
+    return _compile(model, **kwargs)
+
+
+def load(directory: str | Path):
+    """Load a compiled model directory (``hetpart compile -o DIR``) as a callable."""
+    _ensure_threads()
+    from hetpart.runtime import load as _load
+
+    return _load(directory)

@@ -84,6 +84,91 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_pins(items: Sequence[str]) -> dict[str, str]:
+    from hetpart.errors import PinError
+
+    pins = {}
+    for item in items:
+        pattern, sep, device = item.rpartition("=")
+        if not sep or not pattern or not device:
+            raise PinError(f"--pin {item!r} must look like OP_NAME_OR_GLOB=DEVICE, e.g. --pin 'lv1*=cpu'")
+        pins[pattern] = device
+    return pins
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from hetpart import api
+    from hetpart.report import summary
+
+    out_dir = args.output or Path("hetpart-out") / Path(str(args.model)).stem
+    console = _console()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task("starting", total=None)
+        compiled = api.compile(args.model, devices=args.devices, method=args.method, pins=_parse_pins(args.pin),
+                               plan=args.plan, input_shapes=args.input_shape, batch=args.batch, size=args.size,
+                               cpu_predictor=args.cpu_predictor, output_dir=out_dir,
+                               progress=lambda msg: (progress.update(task, description=msg), log.info("%s", msg)))
+    s = summary(compiled._report_data())
+    console.print(f"[bold]{s['model']}[/bold]: {s['method']} plan, predicted {s['makespan_us']:,.0f} µs per inference")
+    for name, value in sorted(s["baselines_us"].items(), key=lambda kv: kv[1]):
+        console.print(f"  {name:>8}: {value:>12,.0f} µs  ({value / s['makespan_us']:.2f}x the hetpart plan)")
+    for device, row in s["per_device"].items():
+        console.print(f"  {device}: {row['kernels']} kernels, {row['flops_share']:.1%} of FLOPs")
+    console.print(f"  copies: {s['copies']} ({s['copied_bytes'] / 1e6:.2f} MB)")
+    if s["emulated"]:
+        console.print("  [yellow]GPU EMULATED[/yellow]: no CUDA here; the executable's GPU part runs on a second CPU device")
+    console.print(f"report: {out_dir / 'report.md'} (and report.html); run it with `hetpart run {out_dir}`")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import json
+
+    import numpy as np
+
+    from hetpart import api
+    from hetpart.errors import InputMismatchError
+
+    runtime = api.load(args.directory)
+    console = _console()
+    named = {}
+    for item in args.input:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise InputMismatchError(f"--input {item!r} must look like NAME=FILE.npy")
+        named[name] = np.load(path)
+    if not named:
+        rng = np.random.default_rng(0)
+        named = {str(i["name"]): rng.standard_normal(i["shape"]).astype(i["dtype"])
+                 if str(i["dtype"]).startswith("float") else np.zeros(i["shape"], dtype=i["dtype"])
+                 for i in runtime.manifest.inputs}
+        console.print("no --input given: running on seeded random inputs")
+    outputs = runtime(**named)
+    console.print(repr(runtime))
+    for k, out in enumerate(outputs):
+        console.print(f"output {k}: shape {list(out.shape)} {out.dtype}, mean {float(np.mean(out)):.6g}")
+        if args.save:
+            np.save(Path(args.save) / f"output{k}.npy", out)
+    if args.check:
+        import onnxruntime as ort
+
+        info = json.loads((Path(args.directory) / "compile.json").read_text())
+        if not info.get("onnx_path") or not Path(info["onnx_path"]).exists():
+            raise InputMismatchError("--check needs the imported ONNX model, which this directory does not "
+                                     "reference (a torch model, or the cache was cleared)")
+        session = ort.InferenceSession(info["onnx_path"], providers=["CPUExecutionProvider"])
+        feeds = {i.name: named[i.name] for i in session.get_inputs() if i.name in named}
+        expected = session.run(None, feeds)
+        worst = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, expected))
+        ok = worst <= args.atol
+        console.print(f"check vs onnxruntime: max |diff| = {worst:.3g} ({'OK' if ok else 'FAILED'}, atol {args.atol})")
+        return 0 if ok else 1
+    return 0
+
+
 def cmd_zoo(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -122,6 +207,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dense-matrix", type=Path, help="write the dependency matrix as a dense .npy (small graphs)")
     p.add_argument("--max-rows", type=int, default=60, help="rows of the per-op table to print (0 = all)")
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("compile", help="plan a model across CPU and GPU and build one executable + report")
+    _add_model_args(p)
+    p.add_argument("--devices", default="cpu,gpu", help="cpu,gpu=<preset> (presets: p2200, t4, a100, rtx3090, "
+                   "jetson-orin; default p2200) or cpu")
+    p.add_argument("--method", default="cp_greedy", help="cp_greedy (default), heft, greedy, all_cpu, all_gpu, milp")
+    p.add_argument("--pin", action="append", default=[], metavar="OP=DEVICE",
+                   help="force ops (name, glob, or op:relax.nn.conv2d) onto a device (repeatable)")
+    p.add_argument("--plan", type=Path, help="use this plan.json (e.g. an edited one) instead of planning")
+    p.add_argument("--cpu-predictor", type=Path, help="CPU latency predictor JSON (default: the shipped one)")
+    p.add_argument("-o", "--output", type=Path, help="output directory (default hetpart-out/MODEL)")
+    p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser("run", help="run a compiled model directory")
+    p.add_argument("directory", type=Path)
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    p.add_argument("--check", action="store_true", help="compare the outputs with onnxruntime")
+    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("--save", type=Path, help="directory to write output<k>.npy into")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("zoo", help="list the built-in models")
     p.set_defaults(func=cmd_zoo)

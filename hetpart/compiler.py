@@ -1,0 +1,251 @@
+"""``hetpart.compile``: import -> OpGraph -> CostTable -> Plan -> annotated Relax -> one executable + report.
+
+Planning happens at the fused-kernel level (the units TVM really launches); the kernel plan is expanded to
+the op level for ``tvm_passes.annotate``. ``plan.json`` in the output directory is the kernel-level plan: edit
+a device there and pass it back with ``--plan`` to compile exactly that placement.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from hetpart.costs import CostTable
+from hetpart.devices import (DEFAULT_GPU_PRESET, DeviceSet, cpu_device, gpu_from_preset, preset_links)
+from hetpart.errors import InvalidPlanError, PredictorError, UnknownDeviceError
+from hetpart.graph import OpGraph
+from hetpart.plan import Plan, Timeline
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CPU_PREDICTOR = "cpu_default.json"
+COMPILE_INFO = "compile.json"
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    devices: DeviceSet
+    gpu_preset: str | None          # analytic preset for the GPU's costs (None: no GPU offered)
+
+
+def parse_devices(spec: str | Sequence[str]) -> DeviceChoice:
+    """``"cpu,gpu=t4"`` / ``"cpu,gpu"`` (default preset) / ``"cpu"`` -> devices + links (datasheet)."""
+    items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+    if not items or items[0] != "cpu":
+        raise UnknownDeviceError(f"--devices must start with the host cpu, e.g. cpu,gpu=p2200; found {spec!r}")
+    devices = [cpu_device()]
+    links: list = []
+    preset = None
+    for item in items[1:]:
+        name, _, value = item.partition("=")
+        if name != "gpu" or preset is not None:
+            raise UnknownDeviceError(f"unknown device {item!r} in {spec!r}: hetpart plans for one cpu and at most "
+                                     "one gpu (gpu=<preset>, e.g. gpu=t4)")
+        preset = value or DEFAULT_GPU_PRESET
+        if preset == "cuda":
+            raise UnknownDeviceError("gpu=cuda needs a measured GPU predictor, which only a machine with CUDA can "
+                                     "produce (`hetpart profile --device gpu`); use a datasheet preset such as gpu=t4")
+        devices.append(gpu_from_preset(preset))
+        links.extend(preset_links(preset))
+    return DeviceChoice(DeviceSet(tuple(devices), tuple(links)).validate(), preset)
+
+
+def default_cpu_predictor_path() -> Path:
+    return Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
+
+
+def load_cpu_predictor(path: str | Path | None = None):
+    from predictors.polynomial import DevicePredictor
+
+    path = Path(path) if path else default_cpu_predictor_path()
+    if not path.exists():
+        raise PredictorError(f"no CPU latency predictor at {path}; build one with `hetpart profile --device cpu "
+                             "--budget-minutes 30` and `hetpart fit`, or pass --cpu-predictor FILE")
+    return DevicePredictor.load(path)
+
+
+def expand_plan(plan: Plan, kernels: OpGraph, ops: OpGraph) -> Plan:
+    """Kernel-level plan -> op-level plan (every op on its kernel's device, kernels issued in plan order)."""
+    device_of = [""] * ops.num_ops
+    order: list[int] = []
+    for k in plan.order:
+        members = sorted(kernels.nodes[k].tags.get("op_ids", [k]))
+        for op_id in members:
+            device_of[op_id] = plan.device_of[k]
+        order.extend(members)
+    return Plan(device_of=device_of, order=order, devices=plan.devices, method=plan.method,
+                makespan_us=plan.makespan_us, config=plan.config, graph_hash=ops.structure_hash(), level="op",
+                notes=plan.notes, stats=plan.stats).validate(ops)
+
+
+@dataclass
+class CompiledModel:
+    """The result of :func:`compile`: plan, predictions, the built executable; callable on numpy arrays."""
+
+    name: str
+    op_graph: OpGraph
+    graph: OpGraph                  # kernel level: what was planned
+    costs: CostTable
+    plan: Plan                      # kernel level
+    op_plan: Plan
+    timeline: Timeline
+    baselines_us: Mapping[str, float]
+    build: Any                      # tvm_passes.build.BuildResult
+    why: list
+    source: Mapping[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    _runner: Any = None
+
+    def _report_data(self):
+        from hetpart.report import ReportData
+
+        return ReportData(graph=self.graph, costs=self.costs, plan=self.plan, timeline=self.timeline,
+                          baselines_us=self.baselines_us, why=self.why, op_graph=self.op_graph,
+                          build=self.build.manifest.to_dict(), compile_seconds=self.seconds)
+
+    def report(self) -> str:
+        """The markdown report (images are referenced by file name, written by :meth:`save`)."""
+        from hetpart.report import markdown
+
+        return markdown(self._report_data(), {"gantt": "gantt.png", "graph": "graph.png"})
+
+    def save(self, directory: str | Path) -> Path:
+        """Write library, manifest, plans, costs and report to ``directory`` atomically (temp dir + rename)."""
+        from hetpart.report import write_report
+        from tvm_passes.build import export
+
+        target = Path(directory).resolve()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            export(self.build, staging)
+            self.plan.save(staging / "plan.json")
+            self.op_plan.save(staging / "op_plan.json")
+            self.costs.save(staging / "costs.json")
+            self.op_graph.save(staging / "graph.json")
+            (staging / "timeline.json").write_text(json.dumps(self.timeline.to_dict()))
+            (staging / COMPILE_INFO).write_text(json.dumps({**self.source, "seconds": self.seconds}, indent=1))
+            write_report(self._report_data(), staging)
+            if target.exists():
+                backup = target.with_name(f".{target.name}.old")
+                if backup.exists():
+                    shutil.rmtree(backup)
+                target.rename(backup)
+                staging.rename(target)
+                shutil.rmtree(backup)
+            else:
+                staging.rename(target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return target
+
+    def __call__(self, *args: Any, **named: Any) -> list[np.ndarray]:
+        if not args and not named:
+            raise InvalidPlanError("call the compiled model with its inputs (numpy arrays)")
+        arrays = list(args) if args else [named[str(i["name"])] for i in self.build.manifest.inputs]
+        return self.build.run(*[np.asarray(a) for a in arrays])
+
+
+def _simulate_baselines(graph: OpGraph, costs: CostTable, config) -> dict[str, float]:
+    from hetpart.errors import HetpartError
+    from hetpart.partition import get_method
+
+    out = {}
+    for method in ("all_cpu", "all_gpu", "greedy", "heft"):
+        if method != "all_cpu" and len(costs.device_names) < 2:
+            continue
+        try:
+            out[method] = float(get_method(method)(graph, costs, config).makespan_us)
+        except HetpartError as exc:  # e.g. all_gpu infeasible (unsupported ops / memory)
+            log.info("baseline %s not available: %s", method, exc)
+    return out
+
+
+def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str = "cp_greedy",
+            pins: Mapping[str, str] | None = None, plan: str | Path | Plan | None = None,
+            input_shapes: Any = None, example_inputs: Sequence[Any] | None = None, batch: int | None = None,
+            size: int | None = None, cpu_predictor: str | Path | None = None, emulate_gpu: bool | None = None,
+            output_dir: str | Path | None = None,
+            progress: Callable[[str], None] | None = None) -> CompiledModel:
+    """Compile ``model`` (ONNX path, zoo name, or torch.nn.Module + ``example_inputs``) for a CPU+GPU machine."""
+    from hetpart import api
+    from hetpart.partition import PartitionConfig, explain, get_method
+    from hetpart.simulate import simulate
+    from predictors.analytic import AnalyticGpuModel
+    from predictors.costs import build_cost_table
+    from tvm_passes.annotate import annotate_module
+    from tvm_passes.build import build, cuda_available
+    from tvm_passes.extract import extract_op_graph
+
+    say = progress or (lambda msg: log.info("%s", msg))
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal started
+        now = time.perf_counter()
+        seconds[name] = round(now - started, 2)
+        started = now
+
+    choice = parse_devices(devices)
+    say("importing model")
+    imported = api.import_model(model, input_shapes=input_shapes, example_inputs=example_inputs, batch=batch,
+                                size=size)
+    lap("import")
+    say(f"extracting ops and fused kernels of {imported.name}")
+    op_graph = extract_op_graph(imported.mod, name=imported.name, source_hash=imported.source_hash,
+                                param_inputs=imported.param_inputs)
+    graph = op_graph.kernel_graph()
+    lap("analyze")
+    say(f"predicting latencies of {graph.num_ops} kernels on {', '.join(choice.devices.names)}")
+    predictors: dict[str, Any] = {"cpu": load_cpu_predictor(cpu_predictor)}
+    if choice.gpu_preset is not None:
+        predictors["gpu"] = AnalyticGpuModel(choice.gpu_preset)
+    costs = build_cost_table(graph, predictors, choice.devices)
+    lap("costs")
+    config = PartitionConfig(pins=dict(pins or {}))
+    if plan is not None:
+        chosen = plan if isinstance(plan, Plan) else Plan.load(plan)
+        chosen = chosen.validate(graph)
+        if set(chosen.devices) != set(choice.devices.names):
+            raise InvalidPlanError(f"the plan uses devices {list(chosen.devices)} but --devices offers "
+                                   f"{list(choice.devices.names)}")
+        say(f"using the given plan ({chosen.method}), re-simulated")
+        timeline = simulate(graph, costs, chosen)
+        chosen = Plan(**{**chosen.__dict__, "makespan_us": timeline.makespan_us,
+                         "pins": dict(pins or chosen.pins)}).validate(graph)
+    else:
+        say(f"partitioning with {method}")
+        chosen = get_method(method)(graph, costs, config)
+        timeline = simulate(graph, costs, chosen)
+    baselines = _simulate_baselines(graph, costs, config)
+    why = explain(graph, costs, chosen)
+    lap("plan")
+    op_plan = expand_plan(chosen, graph, op_graph)
+    emulate = (not cuda_available()) if emulate_gpu is None else emulate_gpu
+    say("compiling" + (" (GPU emulated on a second CPU device: no CUDA here)" if emulate and len(choice.devices.names) > 1 else ""))
+    annotated = annotate_module(imported.mod, op_plan, choice.devices)
+    built = build(annotated, choice.devices, emulate_gpu=emulate)
+    lap("build")
+    source = {"model": str(model) if isinstance(model, (str, Path)) else type(model).__name__,
+              "name": imported.name, "source_kind": imported.source_kind, "source_hash": imported.source_hash,
+              "onnx_path": str(imported.onnx_path) if imported.onnx_path else None,
+              "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in imported.inputs],
+              "devices": choice.devices.to_dict(), "method": chosen.method, "emulated": built.manifest.emulated}
+    result = CompiledModel(name=imported.name, op_graph=op_graph, graph=graph, costs=costs, plan=chosen,
+                           op_plan=op_plan, timeline=timeline, baselines_us=baselines, build=built, why=why,
+                           source=source, seconds=seconds)
+    if output_dir is not None:
+        say(f"writing {output_dir}")
+        result.save(output_dir)
+        lap("save")
+    return result
