@@ -1,0 +1,272 @@
+"""Features of one fused kernel (a kernel-level :class:`hetpart.graph.OpNode`) for latency prediction.
+
+``kernel_kind(node)`` names the kind of work a kernel does, decided by its *anchor* op (the member that
+dominates the kernel: a convolution beats a matmul beats a pool beats a reduction beats an unclassified op beats
+elementwise beats data movement). ``feature_vector(node)`` returns the numbers listed in :data:`FEATURE_SCHEMA`
+(schema version :data:`FEATURE_SCHEMA_VERSION`; bump it whenever a definition changes, fitted predictors store it).
+
+Shapes: a fused node carries the *first* member's input shapes and the *last* member's output shapes
+(``OpGraph.kernel_graph``). Convolution and matmul geometry is read from the operands when they are consistent
+with the anchor (data/weight 4-D for conv2d, ``A[-1] == B[-2]`` for matmul) and otherwise derived from the
+output shape and the FLOP count (``reduction_size = flops / (2 * output elements)`` is ``Ci/groups*Kh*Kw`` for a
+convolution and ``K`` for a matmul), so every feature is defined for every node (never NaN).
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from hetpart.graph import OpNode
+
+FEATURE_SCHEMA_VERSION = 1
+
+KINDS = ("conv2d", "depthwise_conv2d", "matmul", "pool", "elementwise", "reduction", "data_movement", "other")
+
+# Op names without the "relax." prefix.
+_CONV_OPS = {"nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv2d_transpose", "nn.conv1d_transpose"}
+_MATMUL_OPS = {"matmul", "nn.dense", "linear", "nn.batch_matmul", "einsum"}
+_POOL_OPS = {"nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "nn.avg_pool1d", "nn.avg_pool2d", "nn.avg_pool3d",
+             "nn.adaptive_avg_pool1d", "nn.adaptive_avg_pool2d", "nn.adaptive_avg_pool3d"}
+_REDUCTION_OPS = {"nn.softmax", "nn.log_softmax", "nn.layer_norm", "nn.group_norm", "nn.rms_norm", "nn.instance_norm",
+                  "mean", "sum", "max", "min", "prod", "variance", "std", "argmax", "argmin", "cumsum", "cumprod"}
+_DATA_MOVEMENT_OPS = {"reshape", "permute_dims", "concat", "take", "split", "strided_slice", "dynamic_strided_slice",
+                      "squeeze", "expand_dims", "flatten", "broadcast_to", "repeat", "tile", "flip", "gather_elements",
+                      "gather_nd", "scatter_elements", "scatter_nd", "layout_transform", "nn.pad", "collapse_sum_to",
+                      "collapse_sum_like", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
+                      "shape_of", "tensor_to_shape", "shape_to_tensor", "arange", "one_hot", "index_tensor"}
+_ELEMENTWISE_OPS = {"add", "subtract", "multiply", "divide", "floor_divide", "power", "maximum", "minimum", "mod",
+                    "floor_mod", "nn.relu", "nn.relu6", "nn.gelu", "nn.gelu_tanh", "nn.silu", "nn.leakyrelu",
+                    "nn.prelu", "nn.selu", "nn.softplus", "nn.dropout", "nn.batch_norm", "sigmoid", "tanh", "exp",
+                    "log", "sqrt", "rsqrt", "clip", "negative", "abs", "erf", "astype", "where", "less",
+                    "less_equal", "greater", "greater_equal", "equal", "not_equal", "logical_and", "logical_or",
+                    "logical_not", "round", "floor", "ceil", "sin", "cos", "tan", "square", "sign", "isnan",
+                    "isinf", "isfinite", "bitwise_and", "bitwise_or", "hard_sigmoid", "hard_swish", "trunc"}
+# Higher rank = more likely to dominate the kernel's time.
+_KIND_RANK = {"conv2d": 6, "matmul": 5, "pool": 4, "reduction": 3, "other": 2, "elementwise": 1, "data_movement": 0}
+
+FEATURE_SCHEMA: dict[str, str] = {
+    "flops": "floating-point operations of the kernel (multiply-add = 2)",
+    "bytes_read": "bytes of every operand read (activations + parameters)",
+    "bytes_written": "bytes of every output written",
+    "param_bytes": "bytes of parameter / constant operands",
+    "bytes_total": "bytes_read + bytes_written",
+    "arithmetic_intensity": "flops / max(bytes_total, 1)",
+    "out_elems": "elements of the (first) output",
+    "in_elems": "elements of the first input operand",
+    "n_members": "number of ops fused into the kernel",
+    "batch": "batch size (N of the output, or the matmul batch)",
+    "in_channels": "input channels of a convolution (0 otherwise)",
+    "out_channels": "output channels of a convolution / pool (C of the output)",
+    "out_height": "output height (conv/pool), 1 otherwise",
+    "out_width": "output width (conv/pool), 1 otherwise",
+    "out_spatial": "out_height * out_width",
+    "kernel_h": "window height (conv weight or pool_size), 1 otherwise",
+    "kernel_w": "window width, 1 otherwise",
+    "kernel_area": "kernel_h * kernel_w",
+    "stride": "largest stride (conv/pool), 1 otherwise",
+    "groups": "convolution groups, 1 otherwise",
+    "channels_per_group": "in_channels / groups",
+    "reduction_size": "flops / (2 * out_elems): Ci/groups*Kh*Kw for conv, K for matmul",
+    "m": "matmul rows (all leading dims of the output folded in, including the batch)",
+    "n": "matmul columns (last output dim)",
+    "k": "matmul reduction length",
+    "in_channels_pad8": "in_channels rounded up to a multiple of 8 (AVX2 fp32 vector width)",
+    "in_channels_pad16": "in_channels rounded up to a multiple of 16 (AVX-512 fp32 / GPU warp half)",
+    "out_channels_pad8": "out_channels rounded up to a multiple of 8",
+    "out_channels_pad16": "out_channels rounded up to a multiple of 16",
+    "out_width_pad8": "out_width rounded up to a multiple of 8",
+    "n_pad8": "matmul n rounded up to a multiple of 8",
+    "n_pad16": "matmul n rounded up to a multiple of 16",
+    "k_pad8": "matmul k rounded up to a multiple of 8",
+    "channel_pad_waste": "out_channels_pad16 / max(out_channels, 1) (1 = no padding waste)",
+    "log_flops": "log(1 + flops)",
+    "log_bytes_total": "log(1 + bytes_total)",
+    "log_out_elems": "log(1 + out_elems)",
+    "log_arithmetic_intensity": "log(1 + arithmetic_intensity)",
+}
+
+# Raw (positive) features each per-kind polynomial model uses; the model takes log(1 + x) itself. The first
+# feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
+KIND_FEATURES: dict[str, tuple[str, ...]] = {
+    "conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "reduction_size", "stride"),
+    "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
+    "matmul": ("flops", "bytes_total", "m", "n_pad8", "k"),
+    "pool": ("bytes_total", "out_elems", "kernel_area", "stride"),
+    "elementwise": ("bytes_total", "out_elems", "n_members"),
+    "reduction": ("bytes_total", "in_elems", "out_elems", "n_members"),
+    "data_movement": ("bytes_total", "out_elems"),
+    "other": ("flops", "bytes_total", "out_elems"),
+}
+# The per-device fallback model for kinds without a fitted model uses only these, as a power law (degree 1:
+# a degree-2 fallback was tried and mispredicted unseen kinds by up to 4x on synthetic leave-one-family-out).
+FALLBACK_FEATURES: tuple[str, ...] = ("bytes_total", "flops")
+
+
+def member_ops(node: OpNode) -> list[str]:
+    """Member op names without the ``relax.`` prefix ("fused:nn.conv2d+add" -> ["nn.conv2d", "add"])."""
+    if node.op.startswith("fused:"):
+        return [m for m in node.op.removeprefix("fused:").split("+") if m]
+    return [node.op.removeprefix("relax.")]
+
+
+def _op_kind(op: str) -> str:
+    if op in _CONV_OPS:
+        return "conv2d"
+    if op in _MATMUL_OPS:
+        return "matmul"
+    if op in _POOL_OPS:
+        return "pool"
+    if op in _REDUCTION_OPS:
+        return "reduction"
+    if op in _ELEMENTWISE_OPS:
+        return "elementwise"
+    if op in _DATA_MOVEMENT_OPS:
+        return "data_movement"
+    return "other"
+
+
+def anchor_attrs(node: OpNode) -> Mapping[str, Any]:
+    """Attributes of the anchor op (``attrs["anchor_attrs"]`` of a fused kernel, else the op's own attrs)."""
+    inner = node.attrs.get("anchor_attrs")
+    return inner if isinstance(inner, Mapping) else node.attrs
+
+
+def _pair(value: Any, default: int) -> tuple[int, int]:
+    if value is None:
+        return default, default
+    if isinstance(value, (int, float)):
+        return int(value), int(value)
+    vals = [int(v) for v in value]
+    if not vals:
+        return default, default
+    return (vals[0], vals[-1]) if len(vals) <= 2 else (vals[0], vals[1])
+
+
+def _base_kind(node: OpNode) -> str:
+    kinds = [_op_kind(m) for m in member_ops(node)]
+    return max(kinds, key=lambda k: _KIND_RANK[k])
+
+
+def _conv_geometry(node: OpNode) -> dict[str, float]:
+    """Batch, channels, output size, window and groups of a convolution-anchored kernel."""
+    attrs = anchor_attrs(node)
+    layout = str(attrs.get("data_layout", "NCHW"))
+    kernel_layout = str(attrs.get("kernel_layout", "OIHW"))
+    groups = max(1, int(attrs.get("groups", 1) or 1))
+    out = node.output_shapes[0] if node.output_shapes else ()
+    geo = {"batch": 1.0, "out_channels": 0.0, "out_height": 1.0, "out_width": 1.0, "in_channels": 0.0,
+           "kernel_h": 1.0, "kernel_w": 1.0, "groups": float(groups)}
+    if len(out) == 4 and len(layout) == 4 and set(layout) == set("NCHW"):
+        geo.update(batch=out[layout.index("N")], out_channels=out[layout.index("C")],
+                   out_height=out[layout.index("H")], out_width=out[layout.index("W")])
+    elif len(out) >= 3:      # conv1d NCW: treat width as spatial
+        geo.update(batch=out[0], out_channels=out[1], out_width=int(np.prod(out[2:])))
+    shapes = node.input_shapes
+    if len(shapes) >= 2 and len(shapes[0]) == 4 and len(shapes[1]) == 4 and set(kernel_layout) == set("OIHW"):
+        data, weight = shapes[0], shapes[1]
+        geo.update(in_channels=data[layout.index("C")] if set(layout) == set("NCHW") else data[1],
+                   kernel_h=weight[kernel_layout.index("H")], kernel_w=weight[kernel_layout.index("W")])
+    else:                    # operands unknown: Ci/groups*Kh*Kw from the FLOPs
+        out_elems = max(1.0, float(np.prod(out))) if out else 1.0
+        per_output = max(1.0, node.flops / (2.0 * out_elems))
+        if groups > 1 and groups == geo["out_channels"]:   # depthwise: the window is all of it
+            side = math.sqrt(per_output)
+            geo.update(in_channels=groups, kernel_h=side, kernel_w=side)
+        else:                                            # assume a 1x1 window
+            geo["in_channels"] = per_output * groups
+    return {k: float(v) for k, v in geo.items()}
+
+
+def kernel_kind(node: OpNode) -> str:
+    """One of :data:`KINDS`, from the anchor op (a grouped convolution with groups == in_channels is depthwise)."""
+    kind = _base_kind(node)
+    if kind == "conv2d":
+        geo = _conv_geometry(node)
+        if geo["groups"] > 1 and geo["groups"] >= geo["in_channels"] > 0:
+            return "depthwise_conv2d"
+    return kind
+
+
+def _round_up(x: float, multiple: int) -> float:
+    return float(math.ceil(x / multiple) * multiple) if x > 0 else 0.0
+
+
+def _matmul_geometry(node: OpNode, out_elems: float) -> dict[str, float]:
+    out = node.output_shapes[0] if node.output_shapes else (1,)
+    n = float(out[-1]) if out else 1.0
+    m = max(1.0, out_elems / max(n, 1.0))
+    batch = float(np.prod(out[:-2])) if len(out) > 2 else 1.0
+    shapes = node.input_shapes
+    if len(shapes) >= 2 and len(shapes[0]) >= 1 and len(shapes[1]) >= 2 and shapes[0][-1] == shapes[1][-2] \
+            and shapes[1][-1] == n:
+        k = float(shapes[0][-1])
+    else:
+        k = max(1.0, round(node.flops / (2.0 * max(out_elems, 1.0))))
+    return {"m": m, "n": n, "k": k, "batch": batch}
+
+
+def feature_vector(node: OpNode) -> dict[str, float]:
+    """Every feature of :data:`FEATURE_SCHEMA` for one kernel, as finite non-negative floats."""
+    kind = kernel_kind(node)
+    out_elems = float(np.prod(node.output_shapes[0])) if node.output_shapes else 0.0
+    in_elems = float(np.prod(node.input_shapes[0])) if node.input_shapes else 0.0
+    bytes_total = float(node.bytes_read + node.bytes_written)
+    f: dict[str, float] = {
+        "flops": float(node.flops), "bytes_read": float(node.bytes_read), "bytes_written": float(node.bytes_written),
+        "param_bytes": float(node.param_bytes), "bytes_total": bytes_total,
+        "arithmetic_intensity": node.flops / max(bytes_total, 1.0), "out_elems": out_elems, "in_elems": in_elems,
+        "n_members": float(len(member_ops(node))), "batch": 1.0, "in_channels": 0.0, "out_channels": 0.0,
+        "out_height": 1.0, "out_width": 1.0, "kernel_h": 1.0, "kernel_w": 1.0, "stride": 1.0, "groups": 1.0,
+        "reduction_size": node.flops / (2.0 * max(out_elems, 1.0)), "m": 0.0, "n": 0.0, "k": 0.0,
+    }
+    attrs = anchor_attrs(node)
+    if kind in ("conv2d", "depthwise_conv2d"):
+        f.update(_conv_geometry(node))
+        f["stride"] = float(max(_pair(attrs.get("strides"), 1)))
+    elif kind == "pool":
+        out = node.output_shapes[0] if node.output_shapes else ()
+        if len(out) == 4:
+            f.update(batch=float(out[0]), out_channels=float(out[1]), out_height=float(out[2]),
+                     out_width=float(out[3]))
+        if "pool_size" in attrs:
+            kh, kw = _pair(attrs.get("pool_size"), 1)
+        elif node.input_shapes and len(node.input_shapes[0]) == 4 and len(out) == 4:   # adaptive / global pool
+            kh = max(1, node.input_shapes[0][2] // max(out[2], 1))
+            kw = max(1, node.input_shapes[0][3] // max(out[3], 1))
+        else:
+            kh = kw = 1
+        f.update(kernel_h=float(kh), kernel_w=float(kw), stride=float(max(_pair(attrs.get("strides"), 1))))
+    elif kind == "matmul":
+        f.update(_matmul_geometry(node, out_elems))
+    f["out_spatial"] = f["out_height"] * f["out_width"]
+    f["kernel_area"] = f["kernel_h"] * f["kernel_w"]
+    f["channels_per_group"] = f["in_channels"] / max(f["groups"], 1.0)
+    f.update(in_channels_pad8=_round_up(f["in_channels"], 8), in_channels_pad16=_round_up(f["in_channels"], 16),
+             out_channels_pad8=_round_up(f["out_channels"], 8), out_channels_pad16=_round_up(f["out_channels"], 16),
+             out_width_pad8=_round_up(f["out_width"], 8), n_pad8=_round_up(f["n"], 8),
+             n_pad16=_round_up(f["n"], 16), k_pad8=_round_up(f["k"], 8))
+    f["channel_pad_waste"] = f["out_channels_pad16"] / max(f["out_channels"], 1.0) if f["out_channels"] else 1.0
+    f.update(log_flops=math.log1p(f["flops"]), log_bytes_total=math.log1p(bytes_total),
+             log_out_elems=math.log1p(out_elems), log_arithmetic_intensity=math.log1p(f["arithmetic_intensity"]))
+    assert set(f) == set(FEATURE_SCHEMA), sorted(set(f) ^ set(FEATURE_SCHEMA))
+    return f
+
+
+def feature_matrix(nodes: list[OpNode] | tuple[OpNode, ...], names: tuple[str, ...]) -> np.ndarray:
+    """Rows = nodes, columns = the named features (float64)."""
+    return vectors_to_matrix([feature_vector(n) for n in nodes], names)
+
+
+def vectors_to_matrix(rows: list[Mapping[str, float]], names: tuple[str, ...]) -> np.ndarray:
+    """Rows = feature vectors (from :func:`feature_vector`), columns = the named features (float64)."""
+    return np.array([[r[name] for name in names] for r in rows], dtype=np.float64).reshape(len(rows), len(names))
+
+
+def workload_key(node: OpNode) -> str:
+    """Identifies a kernel's workload: ops, shapes, dtypes and attributes (not names or ids)."""
+    return json.dumps([node.op, [list(s) for s in node.input_shapes], list(node.input_dtypes),
+                       [list(s) for s in node.output_shapes], list(node.output_dtypes), node.flops,
+                       node.bytes_read, node.bytes_written, dict(anchor_attrs(node))], sort_keys=True, default=str)

@@ -1,0 +1,75 @@
+"""Kernel kinds and feature vectors of kernel-level OpNodes."""
+import math
+
+from hetpart.graph import OpNode
+from predictors.features import (FEATURE_SCHEMA, FEATURE_SCHEMA_VERSION, KIND_FEATURES, KINDS, feature_matrix,
+                                 feature_vector, kernel_kind, member_ops, workload_key)
+from tests.predictors.synthetic_kernels import conv_node, elementwise_node, matmul_node, pool_node, reshape_node
+
+
+def _node(op, in_shapes=((1, 8),), out_shapes=((1, 8),), **kw):
+    return OpNode(id=0, name="x", op=op, input_shapes=in_shapes, input_dtypes=("float32",) * len(in_shapes),
+                  output_shapes=out_shapes, output_dtypes=("float32",) * len(out_shapes), **kw)
+
+
+def test_kinds_follow_the_anchor_op():
+    assert kernel_kind(conv_node(0, 1, 32, 64, 28, 3)) == "conv2d"
+    assert kernel_kind(conv_node(0, 1, 32, 32, 28, 3, groups=32)) == "depthwise_conv2d"
+    assert kernel_kind(conv_node(0, 1, 32, 64, 28, 3, groups=4)) == "conv2d"       # grouped, not depthwise
+    assert kernel_kind(matmul_node(0, 8, 64, 32)) == "matmul"
+    assert kernel_kind(pool_node(0, 1, 16, 28, 2, 2)) == "pool"
+    assert kernel_kind(elementwise_node(0, (1, 8, 4, 4), 3)) == "elementwise"
+    assert kernel_kind(reshape_node(0, (1, 8, 4, 4))) == "data_movement"
+    assert kernel_kind(_node("relax.nn.softmax")) == "reduction"
+    assert kernel_kind(_node("fused:nn.layer_norm+add")) == "reduction"
+    assert kernel_kind(_node("relax.concat")) == "data_movement"
+    assert kernel_kind(_node("fused:reshape+add")) == "elementwise"
+    assert kernel_kind(_node("fused:add+nn.conv2d+nn.relu", in_shapes=((1, 8, 4, 4),),
+                             out_shapes=((1, 8, 4, 4),), flops=10)) == "conv2d"
+    assert kernel_kind(_node("relax.image.resize2d")) == "other"
+    assert set(KIND_FEATURES) == set(KINDS)
+    assert member_ops(_node("fused:nn.conv2d+add")) == ["nn.conv2d", "add"]
+
+
+def test_feature_vector_is_complete_finite_and_matches_the_geometry():
+    node = conv_node(0, 2, 20, 36, 28, 3, stride=2)
+    f = feature_vector(node)
+    assert set(f) == set(FEATURE_SCHEMA) and FEATURE_SCHEMA_VERSION >= 1
+    assert all(math.isfinite(v) and v >= 0 for v in f.values())
+    assert (f["batch"], f["in_channels"], f["out_channels"]) == (2, 20, 36)
+    assert (f["out_height"], f["out_width"], f["out_spatial"]) == (14, 14, 196)
+    assert (f["kernel_area"], f["stride"], f["groups"]) == (9, 2, 1)
+    assert (f["in_channels_pad8"], f["in_channels_pad16"]) == (24, 32)
+    assert (f["out_channels_pad8"], f["out_channels_pad16"]) == (40, 48)
+    assert f["channel_pad_waste"] == 48 / 36
+    assert f["bytes_total"] == node.bytes_read + node.bytes_written
+    assert f["log_flops"] == math.log1p(node.flops)
+    # reduction_size ~ Ci*Kh*Kw (+1 for the fused add)
+    assert abs(f["reduction_size"] - (20 * 9 + 1)) < 1e-9
+
+
+def test_matmul_and_pool_geometry():
+    f = feature_vector(matmul_node(0, 32, 100, 50))
+    assert (f["m"], f["n"], f["k"], f["n_pad8"], f["n_pad16"], f["k_pad8"]) == (32, 50, 100, 56, 64, 104)
+    p = feature_vector(pool_node(0, 1, 16, 28, 3, 2))
+    assert (p["kernel_area"], p["stride"], p["out_channels"], p["out_height"]) == (9, 2, 16, 13)
+
+
+def test_geometry_falls_back_to_flops_when_operands_belong_to_another_member():
+    # first member is permute_dims of the weight: operands do not match the matmul
+    mm = _node("fused:permute_dims+matmul+add", in_shapes=((50, 100),), out_shapes=((32, 50),),
+               flops=2 * 32 * 50 * 100 + 32 * 50)
+    f = feature_vector(mm)
+    assert (f["m"], f["n"], f["k"]) == (32, 50, 100)
+    dw = _node("fused:nn.conv2d+add", in_shapes=((1, 64, 14, 14),), out_shapes=((1, 64, 14, 14),),
+               flops=2 * 64 * 14 * 14 * 9, attrs={"anchor_attrs": {"groups": 64, "strides": [1, 1]}})
+    assert kernel_kind(dw) == "depthwise_conv2d"
+    assert abs(feature_vector(dw)["kernel_area"] - 9) < 1e-9
+
+
+def test_feature_matrix_and_workload_key():
+    nodes = [conv_node(0, 1, 16, 16, 14, 3), conv_node(5, 1, 16, 16, 14, 3), conv_node(1, 1, 16, 32, 14, 3)]
+    X = feature_matrix(nodes, KIND_FEATURES["conv2d"])
+    assert X.shape == (3, len(KIND_FEATURES["conv2d"]))
+    assert workload_key(nodes[0]) == workload_key(nodes[1])          # ids and names do not matter
+    assert workload_key(nodes[0]) != workload_key(nodes[2])
