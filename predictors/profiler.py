@@ -1,0 +1,523 @@
+"""Robust timing of fused kernels and of device-to-device copies on a TVM device.
+
+The unit of measurement is one *fused kernel*: :func:`kernels_of_module` runs the deployment pipeline of a model
+(``tvm_passes.schedules.cpu_pipeline``) up to its fused, scheduled PrimFuncs and wraps every distinct
+``call_tir`` of ``main`` into a standalone module. :class:`KernelProfiler` compiles those modules with the same
+pipeline and target, then times them with a protocol made for a noisy shared machine:
+
+* compile ahead (``prepare``), warm up, choose ``number`` so one repeat lasts >= ``min_repeat_us``;
+* ``repeat`` repeats; the median is the label, spread = MAD / median is stored with all samples;
+* spread > ``remeasure_spread`` (3 %): measure again (up to ``max_attempts``), keep the least noisy attempt;
+  spread still > ``reject_spread`` (10 %): status ``rejected_noisy``;
+* a fixed canary kernel (a square matmul, same threads as the kernels) is timed right before and right after
+  each kernel. It gates the window: if either canary is more than ``contention_tolerance`` slower than the
+  reference (lower quartile of this session's canaries and of those stored with earlier accepted rows, which
+  ``profile_workloads`` seeds from the database), another process was taking a core. On a 2-core machine a
+  multi-threaded kernel then runs 2-4x slower *with a small spread*, which the spread test cannot see; so the
+  kernel is timed again after a pause, up to ``max_windows`` windows, else rejected. The canary of the
+  accepted window is stored with each row (:func:`predictors.store.normalise_latency` rescales by it).
+
+:func:`measure_link` times copies between two devices over sizes 4 KB..64 MB and fits
+``latency_us + bytes / bandwidth`` (a :class:`hetpart.devices.Link` with ``source="measured"``).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from hetpart.devices import Link
+from hetpart.errors import BuildError, PredictorError, SchemaError
+from hetpart.graph import OpGraph, OpNode, tensor_bytes
+from predictors.store import Measurement, canonical_json, key_hash_of
+
+logger = logging.getLogger(__name__)
+
+_LOWERING_PASSES = ("RewriteDataflowReshape", "ToNonDataflow", "RemovePurityChecking", "CallTIRRewrite")
+_DIGIT_ENDING_OPS = ("log2", "log10", "atan2", "expm1")
+WORKLOAD_SCHEMA_VERSION = 1
+
+
+# ---------------------------------------------------------------------------------------------- pipeline
+def deployment_pipeline(target: tvm.target.Target | None = None,
+                        database_dir: str | None = None) -> tuple[Any, tvm.target.Target]:
+    """(Relax pipeline, target) exactly as hetpart compiles for deployment on the CPU (or on ``target``).
+
+    ``database_dir``: a tuning database the CPU pipeline applies (as tvm_passes.schedules.cpu_pipeline does).
+    """
+    try:
+        schedules = importlib.import_module("tvm_passes.schedules")
+        default_target, cpu_pipeline = schedules.default_cpu_target, schedules.cpu_pipeline
+    except (ImportError, AttributeError):
+        logger.warning("tvm_passes.schedules.cpu_pipeline/default_cpu_target are missing: profiling with TVM's "
+                       "default pipeline and a generic llvm target, which is not what hetpart deploys")
+        default_target, cpu_pipeline = None, None
+    if target is None:
+        target = default_target() if default_target is not None else tvm.target.Target({"kind": "llvm"})
+    target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    if target.kind.name == "llvm" and cpu_pipeline is not None:
+        return cpu_pipeline(target, database_dir=database_dir), target
+    return relax.get_default_pipeline(target), target
+
+
+def target_string(target: tvm.target.Target) -> str:
+    """Canonical JSON of a target (what the database stores)."""
+    return canonical_json(json.loads(str(target)))
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+@dataclass(frozen=True)
+class KernelWorkload:
+    """A standalone IRModule whose ``main`` calls one fused kernel, with its key and kernel-level features."""
+
+    name: str                              # fused PrimFunc name in the model, e.g. "fused_conv2d_add_relu"
+    kind: str                              # name without TVM's uniquifying suffix
+    mod: tvm.IRModule
+    input_shapes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    output_dtypes: tuple[str, ...]
+    workload_key: str                      # canonical JSON (kind, shapes, dtypes, TIR structural hash)
+    key_hash: str
+    features: Mapping[str, Any]            # kernel-level OpNode dict (hetpart.graph)
+    count: int = 1                         # how often the model calls this kernel
+    instance_names: tuple[str, ...] = ()   # every PrimFunc name of the model that dedupes to this kernel
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form; the module is stored as TVM JSON (tvm.ir.save_json)."""
+        return {"schema_version": WORKLOAD_SCHEMA_VERSION, "name": self.name, "kind": self.kind,
+                "mod": tvm.ir.save_json(self.mod), "input_shapes": [list(s) for s in self.input_shapes],
+                "input_dtypes": list(self.input_dtypes), "output_shapes": [list(s) for s in self.output_shapes],
+                "output_dtypes": list(self.output_dtypes), "workload_key": self.workload_key,
+                "key_hash": self.key_hash, "features": dict(self.features), "count": self.count,
+                "instance_names": list(self.instance_names)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "KernelWorkload":
+        if data.get("schema_version") != WORKLOAD_SCHEMA_VERSION:
+            raise SchemaError(f"KernelWorkload JSON must have schema_version={WORKLOAD_SCHEMA_VERSION}; found "
+                              f"{data.get('schema_version')!r}. Fix: re-create it with kernels_of_module().")
+        try:
+            return cls(name=data["name"], kind=data["kind"], mod=tvm.ir.load_json(data["mod"]),
+                       input_shapes=tuple(tuple(s) for s in data["input_shapes"]),
+                       input_dtypes=tuple(data["input_dtypes"]),
+                       output_shapes=tuple(tuple(s) for s in data["output_shapes"]),
+                       output_dtypes=tuple(data["output_dtypes"]), workload_key=data["workload_key"],
+                       key_hash=data["key_hash"], features=data["features"], count=int(data["count"]),
+                       instance_names=tuple(data["instance_names"])).validate()
+        except (KeyError, TypeError) as exc:
+            raise SchemaError(f"KernelWorkload JSON is malformed ({type(exc).__name__}: {exc})") from exc
+
+    def validate(self) -> "KernelWorkload":
+        if self.key_hash != key_hash_of(self.workload_key):
+            raise PredictorError(f"kernel {self.name}: key_hash does not match its workload_key")
+        if len(self.input_shapes) != len(self.input_dtypes) or self.count < 1:
+            raise PredictorError(f"kernel {self.name}: shapes/dtypes must pair up and count be >= 1")
+        return self
+
+
+def kernel_kind(name: str) -> str:
+    """Strip TVM's numeric uniquifiers from every part: 'fused_conv2d1_add2_relu1' -> 'fused_conv2d_add_relu'."""
+    parts = [p if p.endswith(_DIGIT_ENDING_OPS) else re.sub(r"(?<=[A-Za-z])\d+$", "", p) for p in name.split("_")]
+    return "_".join(parts)
+
+
+def _fuse_for_deployment(mod: tvm.IRModule, target: tvm.target.Target, pipeline: Any) -> tvm.IRModule:
+    """Run the deployment pipeline and return the module as it was after fusion + schedules, before lowering."""
+    snapshots: dict[str, tvm.IRModule] = {}
+
+    @tvm.instrument.pass_instrument
+    class _Snapshot:
+        def run_before_pass(self, m: tvm.IRModule, info: Any) -> None:
+            if info.name in _LOWERING_PASSES and "pre_lower" not in snapshots:
+                snapshots["pre_lower"] = m
+
+        def run_after_pass(self, m: tvm.IRModule, info: Any) -> None:
+            if info.name == "FuseTIR":
+                snapshots["fuse_tir"] = m
+
+    with tvm.transform.PassContext(opt_level=3, instruments=[_Snapshot()]):
+        pipeline(mod)
+    fused = snapshots.get("pre_lower", snapshots.get("fuse_tir"))
+    if fused is None:
+        raise BuildError("the deployment pipeline ran no FuseTIR pass, so fused kernels cannot be profiled; "
+                         "the pipeline must contain FuseOps + FuseTIR (TVM's default CPU pipeline does)")
+    return fused
+
+
+def _tensor_type(ty: Any, what: str) -> tuple[tuple[int, ...], str]:
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        raise PredictorError(f"{what}: only tensors with static shapes can be profiled; found {ty}")
+    try:
+        return tuple(int(d) for d in ty.shape.values), str(ty.dtype)
+    except (TypeError, ValueError):
+        raise PredictorError(f"{what}: shape {ty.shape} is symbolic; bind input shapes first") from None
+
+
+def _graph_features(graph: OpGraph | None) -> dict[tuple[str, tuple], dict[str, Any]]:
+    """Kernel-level OpNode dicts of ``graph`` keyed by (kind of the kernel name, output shapes)."""
+    if graph is None:
+        return {}
+    kernels = graph.kernel_graph() if graph.level == "op" else graph
+    out: dict[tuple[str, tuple], dict[str, Any]] = {}
+    for node in kernels.nodes:
+        out.setdefault((kernel_kind(node.name), tuple(node.output_shapes)), node.to_dict())
+    return out
+
+
+def kernels_of_module(mod: tvm.IRModule, target: tvm.target.Target | None = None,
+                      graph: OpGraph | None = None, database_dir: str | None = None) -> list[KernelWorkload]:
+    """The distinct fused kernels of ``mod`` (a model's Relax module), one standalone module each.
+
+    Identical PrimFuncs (same structural hash) are profiled once; ``count`` says how often ``main`` calls it.
+    Features: the kernel-level OpNode of ``graph`` (the model's OpGraph from tvm_passes.extract, op or kernel
+    level) whose name and output shapes match the kernel; for kernels without a match (or no graph), a
+    kernel-level OpNode derived from the TIR (shapes, bytes, FLOPs estimated by TVM, ``op`` = kernel kind).
+    """
+    from tvm.s_tir.analysis import estimate_tir_flops
+    pipeline, target = deployment_pipeline(target, database_dir)
+    fused = _fuse_for_deployment(mod, target, pipeline)
+    known = _graph_features(graph)
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    order: list[int] = []
+    found: dict[int, dict[str, Any]] = {}
+    for block in fused["main"].body.blocks:
+        for binding in block.bindings:
+            call = binding.value
+            if not (isinstance(call, relax.Call) and call.op.same_as(call_tir)):
+                continue
+            gvar, args = call.args[0], call.args[1]
+            if len(call.args) > 2:
+                logger.warning("skipping kernel %s: it takes symbolic shape arguments", gvar.name_hint)
+                continue
+            func = fused[gvar]
+            h = tvm_ffi.structural_hash(func)
+            if h in found:
+                found[h]["names"].append(gvar.name_hint)
+                continue
+            order.append(h)
+            found[h] = {"func": func, "names": [gvar.name_hint], "args": list(args.fields),
+                        "out": list(call.ty_args)}
+    workloads = []
+    for h in order:
+        entry = found[h]
+        name = entry["names"][0]
+        ins = [_tensor_type(a.ty, f"{name} argument {i}") for i, a in enumerate(entry["args"])]
+        outs = [_tensor_type(t, f"{name} output") for t in entry["out"]]
+        kind = kernel_kind(name)
+        key = canonical_json({"kind": kind, "inputs": [[list(s), d] for s, d in ins],
+                              "outputs": [[list(s), d] for s, d in outs], "tir_hash": f"{h:016x}"})
+        bb = relax.BlockBuilder()
+        params = [relax.Var(f"arg{i}", relax.TensorType(list(s), d)) for i, (s, d) in enumerate(ins)]
+        with bb.function("main", params):
+            gv = bb.add_func(entry["func"], name)
+            out_ty = [relax.TensorType(list(s), d) for s, d in outs]
+            with bb.dataflow():
+                out = bb.emit_output(relax.call_tir(gv, relax.Tuple(params), out_ty[0] if len(outs) == 1 else out_ty))
+            bb.emit_func_output(out)
+        features = known.get((kind, tuple(s for s, _ in outs)))
+        if features is not None:
+            features = {**features, "tags": {**features["tags"], "tir_hash": f"{h:016x}"}}
+        else:
+            flops = int(estimate_tir_flops(tvm.IRModule({"main": entry["func"]})))
+            param_bytes = sum(tensor_bytes(s, d) for a, (s, d) in zip(entry["args"], ins)
+                              if not isinstance(a, relax.Var))
+            features = OpNode(id=0, name=name, op=kind, input_shapes=[s for s, _ in ins],
+                              input_dtypes=[d for _, d in ins], output_shapes=[s for s, _ in outs],
+                              output_dtypes=[d for _, d in outs], flops=flops,
+                              bytes_read=sum(tensor_bytes(s, d) for s, d in ins),
+                              bytes_written=sum(tensor_bytes(s, d) for s, d in outs), param_bytes=param_bytes,
+                              kernel_group=0, tags={"source": "tir", "tir_hash": f"{h:016x}"}).to_dict()
+        workloads.append(KernelWorkload(
+            name=name, kind=kind, mod=bb.get(), input_shapes=tuple(s for s, _ in ins),
+            input_dtypes=tuple(d for _, d in ins), output_shapes=tuple(s for s, _ in outs),
+            output_dtypes=tuple(d for _, d in outs), workload_key=key, key_hash=key_hash_of(key),
+            features=dict(features), count=len(entry["names"]), instance_names=tuple(entry["names"])).validate())
+    return workloads
+
+
+def canary_workload(size: int = 256, target: tvm.target.Target | None = None) -> KernelWorkload:
+    """The fixed canary: a ``size x size x size`` float32 matmul, compiled like every other kernel."""
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType([size, size], "float32"))
+    b = relax.Var("b", relax.TensorType([size, size], "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(a, b))
+        bb.emit_func_output(out)
+    (kernel,) = kernels_of_module(bb.get(), target)
+    return kernel
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+@dataclass(frozen=True)
+class TimingStats:
+    """Robust statistics of one timing attempt (per-call latencies of each repeat, µs)."""
+
+    samples_us: tuple[float, ...]
+    number: int
+
+    @property
+    def median_us(self) -> float:
+        return float(np.median(self.samples_us))
+
+    @property
+    def mad_us(self) -> float:
+        return float(np.median(np.abs(np.asarray(self.samples_us) - self.median_us)))
+
+    @property
+    def spread(self) -> float:
+        return self.mad_us / self.median_us if self.median_us > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class TimingProtocol:
+    repeat: int = 7
+    min_repeat_us: float = 1000.0      # one repeat lasts at least this long (number is raised for tiny kernels)
+    max_number: int = 10000
+    probe_runs: int = 3                # warm-up calls, also used to choose number
+    remeasure_spread: float = 0.03
+    reject_spread: float = 0.10
+    max_attempts: int = 3
+    contention_tolerance: float = 0.15  # window is clean if both canaries <= (1 + this) * session reference
+    max_windows: int = 3
+    window_pause_s: float = 0.2
+    canary_warmup: int = 3              # canary timings at session start (seed the reference)
+
+
+# (compiled kernel, number, repeat) -> per-call latency of each repeat, in seconds
+Timer = Callable[["CompiledKernel", int, int], Sequence[float]]
+
+
+@dataclass
+class CompiledKernel:
+    workload: KernelWorkload
+    vm: Any
+    dev: Any
+    args: list[Any]
+    compile_s: float
+
+
+def tvm_timer(kernel: CompiledKernel, number: int, repeat: int) -> Sequence[float]:
+    """TVM's time_evaluator on the kernel's VM (device-synchronised)."""
+    return kernel.vm.time_evaluator("timed_main", kernel.dev, number=number, repeat=repeat)().results
+
+
+def num_threads() -> int:
+    """Threads of the TVM CPU thread pool of the calling thread (TVM_NUM_THREADS, or nproc/2 by default)."""
+    return int(tvm.get_global_func("runtime.NumThreads")())
+
+
+class KernelProfiler:
+    """Times :class:`KernelWorkload` s on one TVM device; yields :class:`predictors.store.Measurement` rows."""
+
+    def __init__(self, device: str = "cpu", target: tvm.target.Target | None = None,
+                 dev: tvm.runtime.Device | None = None, protocol: TimingProtocol = TimingProtocol(),
+                 timer: Timer = tvm_timer, canary_size: int = 256, session_id: str | None = None,
+                 seed: int = 0, database_dir: str | None = None) -> None:
+        self.pipeline, self.tvm_target = deployment_pipeline(target, database_dir)
+        self.device, self.target = device, target_string(self.tvm_target)
+        kind = self.tvm_target.kind.name
+        self.dev = dev if dev is not None else tvm.cpu(0) if kind in ("llvm", "c") else tvm.device(kind, 0)
+        self.tvm_version = tvm.__version__
+        self.protocol, self.timer, self.seed = protocol, timer, seed
+        self.session_id = session_id or uuid.uuid4().hex[:12]
+        self.num_threads = num_threads()
+        self.canary_kind = f"matmul_{canary_size}_float32"
+        self._canary = canary_workload(canary_size, self.tvm_target)
+        self._canary_history: list[float] = []
+        self._session_canaries = 0
+        self._seeded = False
+        self._compiled: dict[str, CompiledKernel] = {}
+        self._compile_errors: dict[str, BuildError] = {}
+
+    # ---------------------------------------------------------------- compile
+    def compile(self, workload: KernelWorkload) -> CompiledKernel:
+        if workload.key_hash in self._compiled:
+            return self._compiled[workload.key_hash]
+        if workload.key_hash in self._compile_errors:
+            raise self._compile_errors[workload.key_hash]
+        start = time.perf_counter()
+        try:
+            ex = tvm.compile(workload.mod, target=self.tvm_target, relax_pipeline=self.pipeline)
+        except Exception as exc:  # TVM raises many types; re-raised typed, with the kernel named
+            error = BuildError(f"compiling kernel {workload.name} for {self.target} failed: {exc}")
+            self._compile_errors[workload.key_hash] = error
+            raise error from exc
+        vm = relax.VirtualMachine(ex, self.dev)
+        rng = np.random.default_rng(self.seed)
+        args = []
+        for shape, dtype in zip(workload.input_shapes, workload.input_dtypes):
+            data = rng.standard_normal(shape).astype(dtype) if dtype.startswith(("float", "bfloat")) \
+                else np.zeros(shape, dtype)     # zeros are valid indices / masks for integer operands
+            args.append(tvm.runtime.tensor(data, self.dev))
+        vm.save_function("main", "timed_main", *args)
+        kernel = CompiledKernel(workload, vm, self.dev, args, time.perf_counter() - start)
+        self._compiled[workload.key_hash] = kernel
+        return kernel
+
+    def prepare(self, workloads: Sequence[KernelWorkload]) -> None:
+        """Compile ahead of timing (compile failures are reported by measure())."""
+        for w in workloads:
+            try:
+                self.compile(w)
+            except BuildError as exc:
+                logger.warning("%s", exc)
+
+    # ---------------------------------------------------------------- timing
+    def time_kernel(self, kernel: CompiledKernel) -> list[TimingStats]:
+        """All attempts, following the protocol (re-measure while noisy, at most max_attempts)."""
+        p = self.protocol
+        probe = [float(s) for s in self.timer(kernel, 1, p.probe_runs)]
+        per_call_us = max(min(probe) * 1e6, 1e-3)
+        number = int(min(p.max_number, max(1, math.ceil(p.min_repeat_us / per_call_us))))
+        attempts = []
+        for _ in range(p.max_attempts):
+            samples = tuple(float(s) * 1e6 for s in self.timer(kernel, number, p.repeat))
+            attempts.append(TimingStats(samples, number))
+            if attempts[-1].spread <= p.remeasure_spread:
+                break
+        return attempts
+
+    def canary_us(self) -> float:
+        """Time the canary now (median of its least noisy attempt) and add it to the session's history."""
+        kernel = self.compile(self._canary)
+        tries = self.protocol.canary_warmup if not self._session_canaries else 1
+        values = [min(self.time_kernel(kernel), key=lambda s: s.spread).median_us for _ in range(tries)]
+        self._session_canaries += len(values)
+        self._canary_history.extend(values)
+        return min(values)
+
+    def contention_of(self, m: Measurement) -> str:
+        """Why ``m``'s window now counts as contended under the current reference ('' if it does not)."""
+        if m.canary_us is None or not self._canary_history:
+            return ""
+        reference = self.canary_reference_us
+        if m.canary_us <= (1 + self.protocol.contention_tolerance) * reference:
+            return ""
+        return (f"contended: canary {m.canary_us:.1f} us in its window vs reference {reference:.1f} us "
+                "(judged at the end of the session)")
+
+    def seed_canary_history(self, canaries_us: Sequence[float]) -> None:
+        """Add canaries of accepted rows of earlier sessions (same device, target, TVM version, canary), so a
+        session that is contended from its start is recognised as such instead of becoming the reference.
+        Only the first call per profiler counts (later ones would add this session's own rows again)."""
+        if not self._seeded:
+            self._canary_history.extend(float(c) for c in canaries_us if c and c > 0)
+            self._seeded = True
+
+    @property
+    def canary_reference_us(self) -> float:
+        """The uncontended canary: lower quartile of every canary timed so far plus the seeded history (robust
+        to one lucky fast timing, unlike the minimum; below contended timings while most windows are clean)."""
+        if not self._canary_history:
+            raise PredictorError("no canary has been timed in this session yet")
+        return float(np.percentile(self._canary_history, 25))
+
+    def measure(self, workload: KernelWorkload) -> Measurement:
+        """Time one kernel in a clean window; compile or run failures become a ``failed`` row with the error."""
+        p = self.protocol
+        common = dict(key_hash=workload.key_hash, workload_key=workload.workload_key, kernel_name=workload.name,
+                      device=self.device, target=self.target, tvm_version=self.tvm_version,
+                      num_threads=self.num_threads, canary_kernel=self.canary_kind,
+                      features=workload.features, session_id=self.session_id)
+        try:
+            kernel = self.compile(workload)
+            for window in range(max(1, p.max_windows)):
+                before = self.canary_us()
+                attempts = self.time_kernel(kernel)
+                after = self.canary_us()
+                reference = self.canary_reference_us
+                clean = max(before, after) <= (1 + p.contention_tolerance) * reference
+                if clean:
+                    break
+                logger.info("kernel %s: contended window %d (canary %.0f/%.0f us, reference %.0f us)",
+                            workload.name, window + 1, before, after, reference)
+                if window + 1 < p.max_windows:
+                    time.sleep(p.window_pause_s)
+        except Exception as exc:  # record the failure in the database instead of aborting the batch
+            self._compiled.pop(workload.key_hash, None)
+            logger.warning("kernel %s failed: %s", workload.name, exc)
+            return Measurement(**common, canary_us=None, median_us=None, mad_us=None, spread=None,
+                               n_repeats=0, number=0, samples_us=(), status="failed",
+                               error=f"{type(exc).__name__}: {exc}", timestamp_s=time.time()).validate()
+        self._compiled.pop(workload.key_hash, None)     # free its inputs; each workload is measured once
+        best = min(attempts, key=lambda s: s.spread)
+        status = "ok" if clean and best.spread <= p.reject_spread else "rejected_noisy"
+        note = "" if clean else (f"contended: canary {before:.1f}/{after:.1f} us around the kernel vs reference "
+                                 f"{reference:.1f} us in this session ({p.max_windows} windows)")
+        if len(attempts) > 1 or not clean:
+            logger.info("kernel %s: %d attempts, spread %.1f%% -> %s", workload.name, len(attempts),
+                        100 * best.spread, status)
+        return Measurement(**common, canary_us=0.5 * (before + after), median_us=best.median_us,
+                           mad_us=best.mad_us, spread=best.spread, n_repeats=len(best.samples_us),
+                           number=best.number, samples_us=best.samples_us, status=status, error=note,
+                           timestamp_s=time.time()).validate()
+
+
+# ---------------------------------------------------------------------------------------------- links
+DEFAULT_LINK_SIZES = tuple(4096 * 4 ** k for k in range(8))     # 4 KiB .. 64 MiB
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    link: Link
+    sizes_bytes: tuple[int, ...]
+    median_us: tuple[float, ...]
+    max_relative_residual: float = 0.0
+
+
+def fit_link(sizes_bytes: Sequence[int], times_us: Sequence[float], src: str, dst: str) -> LinkFit:
+    """Least squares of ``t = latency_us + bytes / bandwidth`` in relative error (each size weighs the same)."""
+    x = np.asarray(sizes_bytes, dtype=float)
+    t = np.asarray(times_us, dtype=float)
+    if len(x) < 2 or len(set(x)) < 2 or np.any(t <= 0):
+        raise PredictorError(f"a link fit needs >= 2 distinct sizes and positive times; found {len(x)} sizes")
+    design = np.stack([np.ones_like(x), x], axis=1) / t[:, None]
+    (latency_us, us_per_byte), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if us_per_byte <= 0:
+        raise PredictorError(f"copies {src}->{dst} did not get slower with size (slope {us_per_byte:.3g} "
+                             "us/byte): the timings are noise; measure larger sizes or more repeats")
+    latency_us = max(0.0, float(latency_us))
+    link = Link(src, dst, bandwidth_bytes_per_s=1e6 / float(us_per_byte), latency_us=latency_us,
+                source="measured").validate()
+    residual = max(abs(link.transfer_us(int(s)) - ti) / ti for s, ti in zip(x, t))
+    return LinkFit(link, tuple(int(s) for s in x), tuple(float(v) for v in t), float(residual))
+
+
+def measure_link(src_dev: tvm.runtime.Device, dst_dev: tvm.runtime.Device, src: str, dst: str,
+                 sizes_bytes: Sequence[int] = DEFAULT_LINK_SIZES, repeat: int = 7) -> LinkFit:
+    """Time ``src_dev -> dst_dev`` copies (median of ``repeat`` per size, after one warm-up) and fit a Link."""
+    medians = []
+    for size in sizes_bytes:
+        host = np.random.default_rng(0).integers(0, 255, size=int(size), dtype=np.uint8)
+        a = tvm.runtime.tensor(host, src_dev)
+        b = tvm.runtime.empty((int(size),), "uint8", dst_dev)
+        a.copyto(b)
+        dst_dev.sync()
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            a.copyto(b)
+            dst_dev.sync()
+            times.append((time.perf_counter() - start) * 1e6)
+        medians.append(float(np.median(times)))
+    fit = fit_link(sizes_bytes, medians, src, dst)
+    if fit.max_relative_residual > 0.5:
+        logger.warning("link %s->%s: latency + bytes/bandwidth misses some sizes by up to %.0f%% (cache effects "
+                       "of host memcpy?); medians per size: %s", src, dst, 100 * fit.max_relative_residual,
+                       dict(zip(fit.sizes_bytes, (round(m, 1) for m in fit.median_us))))
+    logger.info("link %s->%s: %.2f GB/s, %.1f us latency (max residual %.0f%%)", src, dst,
+                fit.link.bandwidth_bytes_per_s / 1e9, fit.link.latency_us, 100 * fit.max_relative_residual)
+    return fit
