@@ -52,6 +52,7 @@ class CompiledRuntime:
         self._relax = relax
         self._tvm = tvm
         self._vm = None
+        self._main = None
 
     @property
     def emulated(self) -> bool:
@@ -99,8 +100,9 @@ class CompiledRuntime:
         if self._vm is None:  # one VM per runtime object; a VM is not thread-safe (share the directory instead)
             devices = self.manifest.runtime_devices()
             self._vm = self._relax.VirtualMachine(self._executable, devices)
+            self._main = self.manifest.main_caller(self._vm)   # uploads GPU weights once, then calls main
         host = self._tvm.cpu(0)
-        result = self._vm["main"](*[self._tvm.runtime.tensor(a, host) for a in arrays])
+        result = self._main(*[self._tvm.runtime.tensor(a, host) for a in arrays])
         return [np.asarray(t.numpy()) for t in _flatten(result)]
 
 

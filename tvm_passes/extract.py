@@ -25,6 +25,7 @@ import numpy as np
 
 from hetpart.errors import InvalidGraphError
 from hetpart.graph import Edge, KernelGroup, OpGraph, OpNode, TensorSpec, tensor_bytes
+from tvm_passes.annotate import op_bindings
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +41,6 @@ _FLOPS_PER_ELEMENT = {  # per *input* element, approximate, for ops that are not
     "adaptive_avg_pool2d": 1, "adaptive_avg_pool1d": 1,
 }
 _SHAPE_OPS = {"shape_of", "tensor_to_shape", "shape_to_tensor"}
-
-
-def op_bindings(func) -> list:
-    """The op bindings of ``func`` in order: VarBindings whose value calls a ``tvm.ir.Op``."""
-    import tvm
-    from tvm import relax
-
-    return [b for block in func.body.blocks for b in block.bindings
-            if isinstance(b, relax.VarBinding) and isinstance(b.value, relax.Call)
-            and isinstance(b.value.op, tvm.ir.Op)]
 
 
 def _tensor_types(ty) -> list:

@@ -1,0 +1,484 @@
+"""Build a device-annotated Relax module (output of ``AnnotateDevicePlacement``) into one executable.
+
+Steps (``build``): optionally map the GPU vdevice to a second CPU device (emulation, no CUDA here) ->
+DecomposeOpsForInference -> LegalizeOps -> re-bind every PrimFunc to the target of its vdevice (TVM 0.27's
+LegalizeOps leaves conv2d/relu/batch_norm PrimFuncs without one) -> FuseOps/FuseTIR -> re-bind -> check that
+no kernel mixes devices -> GPU DLight default schedules (CUDA PrimFuncs) and hetpart's CPU schedules (CPU
+PrimFuncs) -> hoist the weight copies to non-host devices into ``hetpart_upload_weights()`` -> ``tvm.compile``
+with a lowering pipeline that skips ``StaticPlanBlockMemory`` when several devices are used (0.27 pools
+device-1 tensors into device-0 storage) -> for CUDA builds, ``check_cuda_kernels`` -> optional
+``export_library`` of ONE ``.so`` plus a JSON manifest.
+
+Running: ``vm = relax.VirtualMachine(executable, manifest.runtime_devices())`` then
+``manifest.main_caller(vm)(*inputs)`` (uploads the non-host weights once, then calls ``main``).
+
+``check_cuda_kernels`` verifies that every CUDA-target PrimFunc became a ``__global__`` kernel (an unscheduled
+GPU PrimFunc silently compiles as host code); ``compile_cuda_source_with_nvcc`` compiles the generated CUDA
+source offline (nvcc is not run at build time on a machine without libcuda).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+from tvm.target import Target
+
+from hetpart.devices import DeviceSet
+from hetpart.errors import BuildError, InputMismatchError, SchemaError
+from tvm_passes.annotate import (VDEVICE_NAMES_ATTR, host_device, map_type_vdevices, retarget_vdevices,
+                                 runtime_device, tensor_vdevices, vdevice_key)
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_SCHEMA_VERSION = 1
+LIBRARY_NAME = "model.so"
+MANIFEST_NAME = "manifest.json"
+WEIGHTS_FUNCTION = "hetpart_upload_weights"
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_TO_VDEVICE = tvm.ir.Op.get("relax.to_vdevice")
+
+
+# ---------------------------------------------------------------------------------------------- manifest
+@dataclass(frozen=True)
+class BuildManifest:
+    """What a built library needs to be run: its vdevices (in VM device-list order) and its I/O signature."""
+
+    devices: tuple[Mapping[str, Any], ...]   # per vdevice: name kind target runtime index emulated used
+    inputs: tuple[Mapping[str, Any], ...]    # name, shape, dtype
+    outputs: tuple[Mapping[str, Any], ...]   # name, shape, dtype
+    emulated: bool                           # True when a used GPU vdevice was mapped to a CPU device
+    weights_function: str | None = None      # if set: call it once, pass its result as main's last argument
+    library: str = LIBRARY_NAME
+    build_time_s: float = 0.0
+    notes: tuple[str, ...] = ()
+    schema_version: int = MANIFEST_SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        for key in ("devices", "inputs", "outputs", "notes"):
+            object.__setattr__(self, key, tuple(getattr(self, key)))
+
+    def validate(self) -> "BuildManifest":
+        if self.schema_version != MANIFEST_SCHEMA_VERSION:
+            raise SchemaError(f"manifest schema_version must be {MANIFEST_SCHEMA_VERSION}; found {self.schema_version}")
+        if not self.devices or self.devices[0]["runtime"] != "cpu":
+            raise SchemaError(f"manifest device 0 must be the host CPU; found {list(self.devices)[:1]}")
+        if self.emulated != any(d["emulated"] and d["used"] for d in self.devices):
+            raise SchemaError("manifest 'emulated' must say whether any used device is emulated")
+        return self
+
+    def runtime_devices(self) -> list[tvm.runtime.Device]:
+        """The device list to create a ``relax.VirtualMachine`` with (index = vdevice index)."""
+        return [tvm.device(d["runtime"], int(d["index"])) for d in self.devices]
+
+    def main_caller(self, vm: relax.VirtualMachine) -> Callable[..., Any]:
+        """``f(*input_tensors)`` calling ``main`` on ``vm``, with the weights uploaded once (if the build has any)."""
+        if self.weights_function is None:
+            return vm["main"]
+        weights = vm[self.weights_function]()
+        return lambda *inputs: vm["main"](*inputs, weights)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": self.schema_version, "library": self.library, "emulated": self.emulated,
+                "weights_function": self.weights_function,
+                "build_time_s": self.build_time_s, "devices": [dict(d) for d in self.devices],
+                "inputs": [dict(i) for i in self.inputs], "outputs": [dict(o) for o in self.outputs],
+                "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "BuildManifest":
+        try:
+            return cls(devices=data["devices"], inputs=data["inputs"], outputs=data["outputs"],
+                       emulated=data["emulated"], weights_function=data["weights_function"],
+                       library=data["library"], build_time_s=data["build_time_s"],
+                       notes=data.get("notes", ()), schema_version=data["schema_version"]).validate()
+        except (KeyError, TypeError) as exc:
+            raise SchemaError(f"build manifest is malformed ({type(exc).__name__}: {exc})") from exc
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """A compiled heterogeneous executable, the final IRModule it came from, and its manifest."""
+
+    executable: Any                       # tvm.runtime.Executable (relax VM)
+    lowered: tvm.IRModule                 # the module handed to tvm.compile (scheduled PrimFuncs, targets bound)
+    manifest: BuildManifest
+    library_path: Path | None = None      # set when exported
+    manifest_path: Path | None = None
+    cpu_schedules_applied: bool = False
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
+        """Run ``main`` on a fresh VM (devices from the manifest); returns every output as numpy, on the host."""
+        expected = [(tuple(i["shape"]), i["dtype"]) for i in self.manifest.inputs]
+        found = [(tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in inputs]
+        if found != expected:
+            raise InputMismatchError(f"main takes inputs (shape, dtype) {expected}; found {found}")
+        vm = relax.VirtualMachine(self.executable, self.manifest.runtime_devices())
+        host = tvm.cpu(0)
+        result = self.manifest.main_caller(vm)(*[tvm.runtime.tensor(np.ascontiguousarray(x), host) for x in inputs])
+        return [t.numpy() for t in _flatten_outputs(result)]
+
+    def cuda_source(self) -> str:
+        """The generated CUDA C++ source ("" when the build has no CUDA module)."""
+        sources = [m.inspect_source() for m in _all_modules(self.executable.mod) if m.kind == "cuda"]
+        return "\n".join(dict.fromkeys(sources))   # the same module can be reachable twice
+
+
+def _flatten_outputs(result: Any) -> list[Any]:
+    if isinstance(result, (list, tuple)) or type(result).__name__ in ("Array", "List"):
+        return [t for r in result for t in _flatten_outputs(r)]
+    return [result]
+
+
+def _all_modules(mod: Any) -> list[Any]:
+    found, stack = [], [mod]
+    while stack:
+        m = stack.pop()
+        found.append(m)
+        stack.extend(m.imports)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- targets
+def _first_vdevice(types: Sequence[Any]) -> relax.VDevice | None:
+    return next((v for ty in types for v in tensor_vdevices(ty) if v is not None), None)
+
+
+def _target_with_host(target: Target, host: Target) -> Target:
+    if "gpu" in target.keys:
+        return Target(target.export(), host=host)
+    return target
+
+
+@relax.expr_functor.mutator
+class _KernelTargetBinder(relax.PyExprMutator):
+    """Gives every ``call_tir`` a vdevice (from its output type, else its tensor arguments, else the host) and
+    makes its PrimFunc carry that vdevice's target (cloned per target when one PrimFunc serves two devices)."""
+
+    def __init__(self, mod: tvm.IRModule, host: relax.VDevice):
+        super().__init__(mod)
+        self.source = mod
+        self.host = host
+        self.clones: dict[tuple[str, str], tvm.ir.GlobalVar] = {}
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 (visitor hook)
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CALL_TIR)):
+            return call
+        out_ty = call.ty_args[0]
+        vd = _first_vdevice([out_ty]) or _first_vdevice([a.ty for a in call.args[1].fields]) or self.host
+        target = _target_with_host(vd.target, self.host.target)
+        gv = call.args[0]
+        func = self.source[gv]
+        current = func.attrs.get("target") if func.attrs else None
+        if current is not None and str(current.kind.name) == str(target.kind.name) \
+                and str(current) == str(target):
+            new_gv = gv
+        else:
+            key = (gv.name_hint, str(target))
+            if key not in self.clones:
+                suffix = "" if gv.name_hint.endswith("_" + str(target.kind.name)) else "_" + str(target.kind.name)
+                self.clones[key] = self.builder_.add_func(func.with_attr("target", target), gv.name_hint + suffix)
+            new_gv = self.clones[key]
+        new_out_ty = map_type_vdevices(out_ty, lambda _: vd)
+        return relax.Call(call.op, [new_gv] + list(call.args[1:]), call.attrs, [new_out_ty])
+
+
+def bind_kernel_targets(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every PrimFunc called from a Relax function gets the target of the vdevice it runs on."""
+    host = mod.global_infos["vdevice"][0]
+    binder = _KernelTargetBinder(mod, host)
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            binder.builder_.update_func(gv, binder.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(binder.builder_.get())
+
+
+def kernel_calls(mod: tvm.IRModule) -> list[tuple[str, set[tuple]]]:
+    """Every ``call_tir`` in ``main``: the kernel's name and the vdevices of its tensor arguments and output.
+
+    (One CPU PrimFunc may legitimately serve two CPU vdevices; what must hold is one device per call.)"""
+    found: list[tuple[str, set[tuple]]] = []
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            call = b.value
+            if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CALL_TIR):
+                types = [a.ty for a in call.args[1].fields] + [b.var.ty]
+                vds = {vdevice_key(v) for t in types for v in tensor_vdevices(t) if v is not None}
+                found.append((call.args[0].name_hint, vds))
+    return found
+
+
+def _used_vdevices(mod: tvm.IRModule) -> set[tuple]:
+    """The vdevices holding any tensor of ``main`` (parameters, bindings, copies)."""
+    main = mod["main"]
+    types = [p.ty for p in main.params] + [b.var.ty for block in main.body.blocks for b in block.bindings]
+    return {vdevice_key(v) for t in types for v in tensor_vdevices(t) if v is not None}
+
+
+def check_single_device_kernels(mod: tvm.IRModule) -> None:
+    """Raise BuildError if a kernel (fused or not) reads or writes tensors on two devices."""
+    mixed = {name: sorted(vds) for name, vds in kernel_calls(mod) if len(vds) > 1}
+    if mixed:
+        raise BuildError(f"every kernel must run on one device, but {len(mixed)} kernels mix devices: {mixed}; "
+                         "fusion crossed a device boundary (a copy is missing between the devices)")
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+def _apply_gpu_schedules(mod: tvm.IRModule, gpu_targets: Sequence[Target]) -> tvm.IRModule:
+    from tvm.s_tir import dlight as dl
+
+    for target in gpu_targets:
+        with target:
+            mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                          dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+    return mod
+
+
+def _apply_cpu_schedules(mod: tvm.IRModule, cpu_target: Target) -> tuple[tvm.IRModule, str]:
+    """hetpart's CPU schedules (tvm_passes.schedules); returns the module and "" or why they were skipped.
+
+    The schedules only change speed, never results, so a missing or failing schedule package is reported
+    (log warning + manifest note) and the CPU kernels stay unscheduled."""
+    try:
+        from tvm_passes.schedules import cpu_schedule_pass
+    except ImportError as exc:
+        reason = f"hetpart CPU schedules unavailable ({exc})"
+    else:
+        try:
+            return cpu_schedule_pass(cpu_target)(mod), ""
+        except Exception as exc:  # noqa: BLE001 (any failure of the optional schedule package)
+            reason = f"hetpart CPU schedules failed ({type(exc).__name__}: {str(exc).strip()[:300]})"
+    logger.warning("%s; CPU kernels stay unscheduled", reason)
+    return mod, reason
+
+
+def _lowering_pipeline(plan_memory: bool) -> tvm.transform.Pass:
+    """TVM's Relax lowering after fusion; StaticPlanBlockMemory only when one device is used."""
+    t = relax.transform
+    passes = [t.RewriteDataflowReshape(), t.ToNonDataflow(), t.RemovePurityChecking(), t.CallTIRRewrite()]
+    if plan_memory:
+        passes.append(t.StaticPlanBlockMemory())
+    passes += [t.LowerAllocTensor(), t.KillAfterLastUse(), t.LowerRuntimeBuiltin(), t.ComputePrimValue(),
+               t.VMShapeLower(), t.AttachGlobalSymbol()]
+    return tvm.transform.Sequential(passes, name="hetpart.MultiDeviceLowering")
+
+
+# ---------------------------------------------------------------------------------------------- build
+def _final_vdevices(mod: tvm.IRModule, devices: DeviceSet, emulate_gpu: bool,
+                    cpu_target: Target) -> tuple[list[relax.VDevice], list[dict[str, Any]]]:
+    names = [str(n) for n in mod["main"].attrs[VDEVICE_NAMES_ATTR]]
+    next_cpu_index = sum(1 for n in names if devices.device(n).kind == "cpu")
+    vdevices, described = [], []
+    for name, old in zip(names, mod.global_infos["vdevice"]):
+        spec = devices.device(name)
+        emulated = spec.kind == "gpu" and (emulate_gpu or spec.emulated)
+        if spec.kind == "cpu":
+            vd = relax.VDevice(cpu_target, int(old.vdevice_id), "global")
+        elif emulated:
+            vd = relax.VDevice(cpu_target, next_cpu_index, "global")
+            next_cpu_index += 1
+        else:
+            vd = relax.VDevice(Target(dict(spec.target)), int(old.vdevice_id), "global")
+        device = runtime_device(vd)
+        vdevices.append(vd)
+        described.append({"name": name, "kind": spec.kind, "target": dict(spec.target),
+                          "compiled_target": str(vd.target.kind.name),
+                          "runtime": "cpu" if device.dlpack_device_type() == 1 else "cuda",
+                          "index": int(vd.vdevice_id), "emulated": emulated})
+    return vdevices, described
+
+
+def _signature(func: relax.Function,
+               output_names: Sequence[str] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def describe(name: str, ty: Any) -> dict[str, Any]:
+        if not isinstance(ty, relax.TensorType) or ty.shape is None:
+            raise BuildError(f"model input/output {name!r} must be a tensor of static shape; found {ty}")
+        return {"name": name, "shape": [int(s) for s in ty.shape.values], "dtype": str(ty.dtype)}
+
+    inputs = [describe(p.name, p.ty) for p in func.params]
+    ret = func.ret_ty if hasattr(func, "ret_ty") else func.body.body.ty
+    leaves = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+    names = list(output_names) if output_names is not None else [f"output{i}" for i in range(len(leaves))]
+    if len(names) != len(leaves):
+        raise BuildError(f"output_names must name each of the {len(leaves)} outputs; found {names}")
+    return inputs, [describe(name, t) for name, t in zip(names, leaves)]
+
+
+def _is_constant_copy(binding: relax.Binding) -> bool:
+    v = binding.value
+    return isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.same_as(_TO_VDEVICE) \
+        and isinstance(v.args[0], tvm.ir.GenericConst)
+
+
+def lift_weight_uploads(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+    """Move the copies of constants off the host (``R.to_vdevice(const)``) out of ``main``.
+
+    The TVM 0.27 VM loads every constant onto vdevice 0 (the host), so weights of ops on another device must
+    be copied; done in ``main`` that copy would repeat at every call. Instead ``hetpart_upload_weights()``
+    makes the copies and returns them as a tuple, which ``main`` takes as its last parameter: call the
+    upload function once, then ``main(*inputs, weights)``. Returns the new module and the bytes uploaded."""
+    main = mod["main"]
+    copies = [b for block in main.body.blocks for b in block.bindings if _is_constant_copy(b)]
+    if not copies:
+        return mod, 0
+    bb = relax.BlockBuilder()
+    with bb.function(WEIGHTS_FUNCTION, [], attrs={"global_symbol": WEIGHTS_FUNCTION}):
+        uploaded = [bb.emit(relax.op.to_vdevice(b.value.args[0], b.value.attrs.dst_vdevice)) for b in copies]
+        bb.emit_func_output(relax.Tuple(uploaded))
+    weights = relax.Var("hetpart_weights", relax.TupleType([b.var.ty for b in copies]))
+    index = {b.var: i for i, b in enumerate(copies)}
+    blocks = []
+    for block in main.body.blocks:
+        bindings = [relax.VarBinding(b.var, bb.normalize(relax.TupleGetItem(weights, index[b.var])))
+                    if b.var in index else b for b in block.bindings]
+        blocks.append(type(block)(bindings))
+    new_main = relax.Function(list(main.params) + [weights], relax.SeqExpr(blocks, main.body.body), main.ret_ty,
+                              main.is_pure, main.attrs)
+    functions = {gv: (new_main if gv.name_hint == "main" else f) for gv, f in mod.functions_items()}
+    out = tvm.IRModule(functions, mod.attrs, mod.global_infos)
+    out[WEIGHTS_FUNCTION] = bb.get()[WEIGHTS_FUNCTION]
+    total = sum(int(np.prod(b.value.args[0].value.shape)) * np.dtype(str(b.value.args[0].value.dtype)).itemsize
+                for b in copies)
+    return out, total
+
+
+def _stage(name: str, fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except BuildError:
+        raise
+    except Exception as exc:  # TVM raises its own error types; wrap them with the stage that failed
+        raise BuildError(f"build stage {name!r} failed: {type(exc).__name__}: {str(exc).strip()[:2000]}") from exc
+
+
+def build(mod: tvm.IRModule, devices: DeviceSet, *, emulate_gpu: bool, cpu_target: Any = None,
+          out_dir: str | Path | None = None, output_names: Sequence[str] | None = None,
+          hoist_weight_uploads: bool = True) -> BuildResult:
+    """Compile an annotated module; export ``model.so`` + ``manifest.json`` into ``out_dir`` when given.
+
+    With ``emulate_gpu=True`` (or a GPU DeviceSpec with ``emulated=True``) every GPU vdevice is compiled for
+    the CPU as a second CPU device (``cpu(1)``), so the partitioned program, copies included, runs on a
+    machine without CUDA; the manifest says so. With ``hoist_weight_uploads`` (default) the weights of
+    non-host ops are uploaded once by ``hetpart_upload_weights()`` (see :func:`lift_weight_uploads`; run the
+    result with ``manifest.main_caller(vm)``); without it they are copied inside ``main`` at every call."""
+    start = time.perf_counter()
+    if "vdevice" not in mod.global_infos or mod["main"].attrs is None \
+            or VDEVICE_NAMES_ATTR not in mod["main"].attrs:
+        raise BuildError("build needs a module annotated by AnnotateDevicePlacement (vdevices and the "
+                         f"{VDEVICE_NAMES_ATTR!r} attribute on main); apply the plan first")
+    host_target = cpu_target if isinstance(cpu_target, Target) else \
+        Target(dict(cpu_target if cpu_target is not None else host_device(devices).target))
+    vdevices, described = _final_vdevices(mod, devices, emulate_gpu, host_target)
+    mod = _stage("retarget vdevices", retarget_vdevices, mod, vdevices)
+    inputs, outputs = _signature(mod["main"], output_names)
+    t = relax.transform
+    mod = _stage("legalize", tvm.transform.Sequential([t.DecomposeOpsForInference(), t.LegalizeOps()]), mod)
+    mod = _stage("bind kernel targets", bind_kernel_targets, mod)
+    mod = _stage("fuse", tvm.transform.Sequential([t.AnnotateTIROpPattern(), t.FuseOps(), t.FuseTIR()]), mod)
+    mod = _stage("bind kernel targets after fusion", bind_kernel_targets, mod)
+    check_single_device_kernels(mod)
+    gpu_targets = {str(vd.target): vd.target for vd in vdevices if "gpu" in vd.target.keys}
+    mod = _stage("GPU schedules", _apply_gpu_schedules, mod, list(gpu_targets.values()))
+    mod, cpu_schedule_problem = _apply_cpu_schedules(mod, host_target)
+    used = _used_vdevices(mod)
+    for entry, vd in zip(described, vdevices):
+        entry["used"] = vdevice_key(vd) in used
+    plan_memory = len(used) <= 1     # StaticPlanBlockMemory is only safe with one device (TVM 0.27)
+    weight_upload_bytes = 0
+    if hoist_weight_uploads:
+        mod, weight_upload_bytes = _stage("lift weight uploads", lift_weight_uploads, mod)
+    executable = _stage("compile", lambda m: tvm.compile(m, relax_pipeline=_lowering_pipeline(plan_memory)), mod)
+    if any(d["runtime"] == "cuda" and d["used"] for d in described):
+        _stage("CUDA kernel check", check_cuda_kernels, BuildResult(executable, mod, None))
+    notes = [f"{cpu_schedule_problem}: CPU kernels are unscheduled"] if cpu_schedule_problem else []
+    if weight_upload_bytes:
+        notes.append(f"{WEIGHTS_FUNCTION}() uploads {weight_upload_bytes} bytes of weights to the non-host devices; "
+                     "call it once and pass its result as the last argument of main")
+    emulated = any(d["emulated"] and d["used"] for d in described)
+    if emulated:
+        notes.append("EMULATED: the GPU vdevice was compiled for and runs on a second CPU device")
+    manifest = BuildManifest(devices=described, inputs=inputs, outputs=outputs, emulated=emulated,
+                             weights_function=WEIGHTS_FUNCTION if weight_upload_bytes else None,
+                             build_time_s=round(time.perf_counter() - start, 3), notes=notes).validate()
+    result = BuildResult(executable=executable, lowered=mod, manifest=manifest,
+                         cpu_schedules_applied=not cpu_schedule_problem,
+                         stats={"kernel_calls": len(kernel_calls(mod)), "plan_memory": plan_memory,
+                                "weight_upload_bytes": weight_upload_bytes})
+    if out_dir is not None:
+        result = export(result, out_dir)
+    logger.info("built %d kernel calls for %s in %.2f s%s", result.stats["kernel_calls"],
+                [d["name"] for d in described],
+                manifest.build_time_s, " (GPU emulated on CPU)" if emulated else "")
+    return result
+
+
+def export(result: BuildResult, out_dir: str | Path) -> BuildResult:
+    """Write ``model.so`` (the one artifact) and ``manifest.json`` into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    library_path, manifest_path = out / result.manifest.library, out / MANIFEST_NAME
+    _stage("export_library", result.executable.export_library, str(library_path))
+    manifest_path.write_text(json.dumps(result.manifest.to_dict(), indent=1))
+    return BuildResult(result.executable, result.lowered, result.manifest, library_path, manifest_path,
+                       result.cpu_schedules_applied, result.stats)
+
+
+# ---------------------------------------------------------------------------------------------- CUDA checks
+def cuda_available() -> bool:
+    """True when a CUDA device can actually run kernels here (driver + runtime present)."""
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # no CUDA runtime registered (libcuda missing)
+        return False
+
+
+def cuda_kernel_names(result: BuildResult) -> list[str]:
+    """Names of the PrimFuncs compiled for a CUDA target."""
+    return sorted(gv.name_hint for gv, f in result.lowered.functions_items()
+                  if isinstance(f, tirx.PrimFunc) and f.attrs is not None and "target" in f.attrs
+                  and str(f.attrs["target"].kind.name) == "cuda")
+
+
+def check_cuda_kernels(result: BuildResult) -> list[str]:
+    """Check every CUDA-target PrimFunc became a ``__global__`` kernel; returns the kernel names found.
+
+    Raises BuildError naming the PrimFuncs that would run as host code (no GPU schedule applied)."""
+    names = cuda_kernel_names(result)
+    source = result.cuda_source()
+    kernels = re.findall(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\(", source)
+    bad = sorted({n for n in names if not any(k.startswith(n + "_kernel") for k in kernels)}
+                 | {n for n in names if not _is_gpu_scheduled(result.lowered[n])})
+    if bad:
+        raise BuildError(f"{len(bad)} of {len(names)} GPU PrimFuncs did not become CUDA kernels (no GPU schedule "
+                         f"applied, so they would run as host code): {bad}; add a DLight rule that covers them")
+    return sorted(set(kernels))
+
+
+def _is_gpu_scheduled(func: tirx.PrimFunc) -> bool:
+    """True when the PrimFunc binds loops to CUDA blocks/threads (the only way it becomes a GPU kernel)."""
+    text = func.script()
+    return "blockIdx." in text or "threadIdx." in text
+
+
+def compile_cuda_source_with_nvcc(result: BuildResult, target_format: str = "fatbin") -> bytes:
+    """Compile the build's CUDA source with nvcc (CUDA_PATH must point at the toolkit) for its arch."""
+    from tvm.support import nvcc
+
+    source = result.cuda_source()
+    if not source:
+        raise BuildError("the build has no CUDA module to compile; was any op placed on a (non-emulated) GPU?")
+    archs = {str(d["target"].get("arch")) for d in result.manifest.devices if d["runtime"] == "cuda"}
+    if len(archs) != 1 or "None" in archs:
+        raise BuildError(f"CUDA targets need exactly one explicit 'arch' (e.g. sm_75); found {sorted(archs)}")
+    arch = archs.pop()
+    with Target({"kind": "cuda", "arch": arch}):   # nvcc.compile_cuda reads the arch of the current target
+        return bytes(_stage("nvcc", nvcc.compile_cuda, source, target_format, arch, None, None, "nvcc"))
