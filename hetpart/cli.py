@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  for i in runtime.manifest.inputs}
         console.print("no --input given: running on seeded random inputs")
     outputs = runtime(**named)
-    console.print(repr(runtime))
+    console.print(repr(runtime), markup=False)
     for k, out in enumerate(outputs):
         console.print(f"output {k}: shape {list(out.shape)} {out.dtype}, mean {float(np.mean(out)):.6g}")
         if args.save:

@@ -7,10 +7,12 @@ a device there and pass it back with ``--plan`` to compile exactly that placemen
 from __future__ import annotations
 
 import json
+import os
 import logging
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -20,7 +22,7 @@ import numpy as np
 
 from hetpart.costs import CostTable
 from hetpart.devices import (DEFAULT_GPU_PRESET, DeviceSet, cpu_device, gpu_from_preset, preset_links)
-from hetpart.errors import InvalidPlanError, PredictorError, UnknownDeviceError
+from hetpart.errors import DegeneratePlanWarning, InvalidPlanError, PredictorError, UnknownDeviceError
 from hetpart.graph import OpGraph
 from hetpart.plan import Plan, Timeline
 
@@ -63,9 +65,10 @@ def default_cpu_predictor_path() -> Path:
 
 
 def load_cpu_predictor(path: str | Path | None = None):
+    """The CPU predictor: ``path``, else $HETPART_CPU_PREDICTOR, else the shipped predictors/data one."""
     from predictors.polynomial import DevicePredictor
 
-    path = Path(path) if path else default_cpu_predictor_path()
+    path = Path(path or os.environ.get("HETPART_CPU_PREDICTOR") or default_cpu_predictor_path())
     if not path.exists():
         raise PredictorError(f"no CPU latency predictor at {path}; build one with `hetpart profile --device cpu "
                              "--budget-minutes 30` and `hetpart fit`, or pass --cpu-predictor FILE")
@@ -164,7 +167,9 @@ def _simulate_baselines(graph: OpGraph, costs: CostTable, config) -> dict[str, f
         if method != "all_cpu" and len(costs.device_names) < 2:
             continue
         try:
-            out[method] = float(get_method(method)(graph, costs, config).makespan_us)
+            with warnings.catch_warnings():  # single-device baselines are degenerate on purpose
+                warnings.simplefilter("ignore", DegeneratePlanWarning)
+                out[method] = float(get_method(method)(graph, costs, config).makespan_us)
         except HetpartError as exc:  # e.g. all_gpu infeasible (unsupported ops / memory)
             log.info("baseline %s not available: %s", method, exc)
     return out

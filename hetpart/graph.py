@@ -294,7 +294,8 @@ class OpGraph:
                 param_bytes=sum(o.param_bytes for o in ops),
                 kernel_group=k, shape_only=all(o.shape_only for o in ops),
                 graph_inputs=sorted({g for o in ops for g in o.graph_inputs}),
-                tags={**ops[-1].tags, "op_ids": list(ids), "op_names": [o.name for o in ops]},
+                tags={**ops[-1].tags, "op_ids": list(ids), "op_names": [o.name for o in ops],
+                      "op_types": [o.op for o in ops]},
             ))
         return OpGraph(
             nodes=tuple(out_nodes),

@@ -20,15 +20,16 @@ def resolve_pins(graph: OpGraph, pins: Mapping[str, str], device_names: Sequence
     """Map pin patterns to op ids. Every pattern must match at least one op; every device must exist.
 
     A pattern matches an op's name exactly, or as an fnmatch glob on the name, or ``op:<relax op glob>``
-    on the op type (``op:relax.nn.conv2d``). At kernel level, a pattern also matches member op names
-    (``tags["op_names"]``).
+    on the op type (``op:relax.nn.conv2d``). At kernel level, a pattern also matches the member ops' names
+    and types (``tags["op_names"]``, ``tags["op_types"]``), so pinning one op pins its whole fused kernel.
     """
     resolved: dict[int, str] = {}
     for pattern, device in pins.items():
         if device not in device_names:
             raise PinError(f"pin {pattern}={device}: device {device!r} is not one of {list(device_names)}")
         if pattern.startswith("op:"):
-            matched = [n.id for n in graph.nodes if fnmatch.fnmatchcase(n.op, pattern[3:])]
+            matched = [n.id for n in graph.nodes
+                       if any(fnmatch.fnmatchcase(t, pattern[3:]) for t in (n.op, *n.tags.get("op_types", ())))]
         else:
             matched = [n.id for n in graph.nodes
                        if n.name == pattern or fnmatch.fnmatchcase(n.name, pattern)
