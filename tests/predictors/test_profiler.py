@@ -16,8 +16,9 @@ import tvm_ffi  # noqa: E402
 from tvm import relax  # noqa: E402
 
 from hetpart.errors import PredictorError, SchemaError  # noqa: E402
+from predictors.links import fit_link, measure_link
 from predictors.profiler import (KernelProfiler, KernelWorkload, TimingProtocol,  # noqa: E402
-                                 deployment_pipeline, fit_link, kernel_kind, kernels_of_module, measure_link,
+                                 deployment_pipeline, kernel_kind, kernels_of_module,
                                  num_threads)
 from predictors.store import ProfileStore, profile_workloads  # noqa: E402
 
