@@ -1,0 +1,27 @@
+"""hetpart's default CPU schedules: DLight-style rules applied to CPU PrimFuncs, and the CPU Relax pipeline.
+
+Public API (used by tvm_passes.build and predictors.profiler):
+
+- ``cpu_schedule_pass(target)``: module pass scheduling every unscheduled CPU PrimFunc with the rules.
+- ``cpu_pipeline(target, database_dir=None)``: relax default CPU pipeline + tuning database + the rules.
+- ``default_cpu_target()``: the llvm target hetpart compiles CPU kernels for.
+- ``default_rules()``: the rule list, most specific first.
+- ``prepack_conv_weights(lanes)``: Relax pass (before LegalizeOps) storing constant conv weights IHWO so the
+  conv rule can vectorise over output channels; ``cpu_pipeline`` runs it, other pipelines may add it.
+"""
+
+from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
+from .layout import prepack_conv_weights
+from .pipeline import cpu_pipeline, cpu_schedule_pass, default_cpu_target, default_rules
+
+__all__ = [
+    "RULE_ATTR",
+    "SCHEDULED_ATTR",
+    "CpuRule",
+    "cpu_pipeline",
+    "cpu_schedule_pass",
+    "default_cpu_target",
+    "default_rules",
+    "prepack_conv_weights",
+    "vector_lanes",
+]

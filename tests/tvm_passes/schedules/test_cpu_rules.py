@@ -1,0 +1,223 @@
+"""Each CPU schedule rule: it is applied (parallel / vectorised loops in the scheduled PrimFunc) and the
+compiled kernel matches a numpy reference to 1e-4, including shapes that do not divide the tile sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+from tvm import relax, tirx  # noqa: E402
+
+from tvm_passes.schedules import cpu_pipeline, cpu_schedule_pass, default_cpu_target  # noqa: E402
+from tvm_passes.schedules.layout import PREPACKED_KERNEL_LAYOUT, prepack_conv_weights  # noqa: E402
+from tvm_passes.schedules.pipeline import cpu_generic  # noqa: E402
+
+pytestmark = pytest.mark.tvm
+
+TOL = 1e-4
+RNG = np.random.RandomState(0)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return default_cpu_target()
+
+
+def _module(params, body):
+    """Relax module ``main(params) = body(*param_vars)``; params are (name, shape, dtype) or numpy constants."""
+    bb = relax.BlockBuilder()
+    variables = [relax.Var(name, relax.TensorType(shape, dtype)) for name, shape, dtype in params]
+    with bb.function("main", variables):
+        with bb.dataflow():
+            out = bb.emit_output(body(*variables))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _scheduled_funcs(mod, target):
+    """PrimFuncs after the pipeline's legalize+fuse stage and hetpart's schedule pass: {name: func}."""
+    with target:
+        legal = tvm.transform.Sequential(
+            [prepack_conv_weights()] + cpu_generic.legalize_passes(target) + [cpu_schedule_pass(target)]
+        )(mod)
+    return {gv.name_hint: f for gv, f in legal.functions_items() if isinstance(f, tirx.PrimFunc)}
+
+
+def _loop_kinds(func):
+    """Kinds of the loops in a PrimFunc ("parallel", "vectorized", "unroll"), read from its TVMScript."""
+    text = func.script()
+    return {kind for kind in ("parallel", "vectorized", "unroll") if f"T.{kind}(" in text}
+
+
+def _run(mod, target, inputs):
+    ex = tvm.compile(mod, target=target, relax_pipeline=cpu_pipeline(target))
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return vm["main"](*[tvm.runtime.tensor(x) for x in inputs]).numpy()
+
+
+def _assert_rule(funcs, rule, *, parallel=True, vectorized=True):
+    matching = [f for f in funcs.values() if f.attrs.get("hetpart.cpu_rule") == rule]
+    assert matching, f"rule {rule} was applied to none of {list(funcs)}"
+    kinds = set().union(*(_loop_kinds(f) for f in matching))
+    if parallel:
+        assert "parallel" in kinds, kinds
+    if vectorized:
+        assert "vectorized" in kinds, kinds
+
+
+def _conv_ref(x, w, b, stride, pad, groups):
+    n, c, h, wd = x.shape
+    f, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    ho, wo = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    out = np.zeros((n, f, ho, wo), dtype=np.float64)
+    fg = f // groups
+    for g in range(groups):
+        xs = xp[:, g * cg : (g + 1) * cg]
+        ws = w[g * fg : (g + 1) * fg]
+        for i in range(kh):
+            for j in range(kw):
+                patch = xs[:, :, i : i + stride * ho : stride, j : j + stride * wo : stride]
+                out[:, g * fg : (g + 1) * fg] += np.einsum("nchw,fc->nfhw", patch, ws[:, :, i, j])
+    return np.maximum(out + b.reshape(1, f, 1, 1), 0.0)
+
+
+CONV_CASES = [
+    # (cin, cout, size, kernel, stride, groups) -- chosen to hit both conv variants and ragged tiles
+    pytest.param(16, 32, 14, 3, 1, 1, id="3x3-prepacked"),
+    pytest.param(24, 32, 9, 3, 1, 1, id="3x3-width9-ragged"),
+    pytest.param(16, 32, 15, 3, 2, 1, id="3x3-stride2-odd"),
+    pytest.param(20, 24, 13, 1, 1, 1, id="1x1-ragged-channels"),
+    pytest.param(20, 20, 15, 3, 2, 20, id="depthwise-stride2"),
+    pytest.param(16, 24, 11, 3, 1, 4, id="grouped"),
+]
+
+
+@pytest.mark.parametrize("cin,cout,size,kernel,stride,groups", CONV_CASES)
+def test_conv2d_rule_matches_numpy(target, cin, cout, size, kernel, stride, groups):
+    x = RNG.randn(1, cin, size, size).astype("float32")
+    w = RNG.randn(cout, cin // groups, kernel, kernel).astype("float32")
+    b = RNG.randn(1, cout, 1, 1).astype("float32")
+    pad = kernel // 2
+
+    def body(xv):
+        conv = relax.op.nn.conv2d(xv, relax.const(w), strides=stride, padding=pad, groups=groups)
+        return relax.op.nn.relu(relax.op.add(conv, relax.const(b)))
+
+    mod = _module([("x", x.shape, "float32")], body)
+    funcs = _scheduled_funcs(mod, target)
+    _assert_rule(funcs, "conv2d_nchw")
+    got = _run(mod, target, [x])
+    np.testing.assert_allclose(got, _conv_ref(x, w, b, stride, pad, groups), rtol=TOL, atol=TOL)
+
+
+def _kernel_layouts(mod):
+    layouts = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.nn.conv2d":
+            layouts.append(str(expr.attrs.kernel_layout))
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return sorted(layouts)
+
+
+def test_prepack_rewrites_spatial_and_narrow_pointwise_convs_only():
+    w3 = relax.const(RNG.randn(32, 16, 3, 3).astype("float32"))
+    w1 = relax.const(RNG.randn(32, 32, 1, 1).astype("float32"))
+    depthwise = relax.const(RNG.randn(32, 1, 3, 3).astype("float32"))
+
+    def body(x):
+        return relax.op.nn.conv2d(relax.op.nn.conv2d(relax.op.nn.conv2d(x, w3, padding=1), w1), depthwise,
+                                  padding=1, groups=32)
+
+    wide = prepack_conv_weights(16)(_module([("x", (1, 16, 20, 20), "float32")], body))
+    assert _kernel_layouts(wide) == sorted([PREPACKED_KERNEL_LAYOUT, "OIHW", "OIHW"])
+    narrow = prepack_conv_weights(16)(_module([("x", (1, 16, 6, 6), "float32")], body))
+    assert _kernel_layouts(narrow) == sorted([PREPACKED_KERNEL_LAYOUT, PREPACKED_KERNEL_LAYOUT, "OIHW"])
+
+
+@pytest.mark.parametrize(
+    "a_shape,w_shape",
+    [
+        pytest.param((1, 96), (40, 96), id="gemv"),
+        pytest.param((5, 19), (37, 19), id="ragged"),
+        pytest.param((8, 64), (48, 64), id="dividing"),
+    ],
+)
+def test_dense_rule_fuses_bias_and_matches_numpy(target, a_shape, w_shape):
+    a = RNG.randn(*a_shape).astype("float32")
+    w = RNG.randn(*w_shape).astype("float32")
+    b = RNG.randn(w_shape[0]).astype("float32")
+    mod = _module(
+        [("a", a.shape, "float32")],
+        lambda av: relax.op.nn.relu(
+            relax.op.add(relax.op.matmul(av, relax.op.permute_dims(relax.const(w))), relax.const(b))
+        ),
+    )
+    funcs = _scheduled_funcs(mod, target)
+    _assert_rule(funcs, "matmul", parallel=a_shape[0] * w_shape[0] >= 64)
+    dense = [f for f in funcs.values() if f.attrs.get("hetpart.cpu_rule") == "matmul"]
+    assert "T_add" in dense[0].script() or "compute" in dense[0].script()  # epilogue lives in the kernel
+    np.testing.assert_allclose(_run(mod, target, [a]), np.maximum(a @ w.T + b, 0), rtol=TOL, atol=TOL)
+
+
+def test_batch_matmul_of_activations_matches_numpy(target):
+    q = RNG.randn(2, 7, 11).astype("float32")
+    k = RNG.randn(2, 13, 11).astype("float32")
+    mod = _module(
+        [("q", q.shape, "float32"), ("k", k.shape, "float32")],
+        lambda qv, kv: relax.op.matmul(qv, relax.op.permute_dims(kv, [0, 2, 1])),
+    )
+    funcs = _scheduled_funcs(mod, target)
+    _assert_rule(funcs, "matmul", parallel=False)
+    np.testing.assert_allclose(_run(mod, target, [q, k]), q @ k.transpose(0, 2, 1), rtol=TOL, atol=TOL)
+
+
+def test_pooling_matches_numpy(target):
+    x = RNG.randn(1, 20, 15, 15).astype("float32")
+    mod = _module(
+        [("x", x.shape, "float32")],
+        lambda xv: relax.op.nn.max_pool2d(xv, pool_size=3, strides=2, padding=1),
+    )
+    funcs = _scheduled_funcs(mod, target)
+    assert any(f.attrs.get("hetpart.cpu_rule") is not None for f in funcs.values())
+    kinds = set().union(*(_loop_kinds(f) for f in funcs.values()))
+    assert "parallel" in kinds
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    ref = np.full((1, 20, 8, 8), -np.inf, dtype=np.float32)
+    for i in range(3):
+        for j in range(3):
+            ref = np.maximum(ref, xp[:, :, i : i + 16 : 2, j : j + 16 : 2])
+    np.testing.assert_allclose(_run(mod, target, [x]), ref, rtol=TOL, atol=TOL)
+
+
+def test_softmax_and_layer_norm_match_numpy(target):
+    x = RNG.randn(67, 96).astype("float32")
+    gamma, beta = RNG.randn(96).astype("float32"), RNG.randn(96).astype("float32")
+
+    def body(xv):
+        norm = relax.op.nn.layer_norm(xv, relax.const(gamma), relax.const(beta), axes=[-1])
+        return relax.op.nn.softmax(norm, axis=-1)
+
+    mod = _module([("x", x.shape, "float32")], body)
+    funcs = _scheduled_funcs(mod, target)
+    _assert_rule(funcs, "row_reduction", vectorized=False)
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    norm = (x - mean) / np.sqrt(var + 1e-5) * gamma + beta
+    ref = np.exp(norm - norm.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    np.testing.assert_allclose(_run(mod, target, [x]), ref, rtol=TOL, atol=TOL)
+
+
+def test_elementwise_rule_vectorises_and_matches_numpy(target):
+    x = RNG.randn(1, 24, 28, 28).astype("float32")
+    y = RNG.randn(1, 24, 1, 1).astype("float32")
+    mod = _module(
+        [("x", x.shape, "float32"), ("y", y.shape, "float32")],
+        lambda xv, yv: relax.op.clip(relax.op.multiply(relax.op.add(xv, yv), xv), 0.0, 6.0),
+    )
+    funcs = _scheduled_funcs(mod, target)
+    _assert_rule(funcs, "elementwise")
+    np.testing.assert_allclose(_run(mod, target, [x, y]), np.clip((x + y) * x, 0, 6), rtol=TOL, atol=TOL)

@@ -1,0 +1,159 @@
+"""Register-tiled schedule for one multiply-accumulate block plus its fused epilogue (shared by conv2d/matmul).
+
+The contraction block ``C[s0, ..., sn] += A[...] * B[...]`` is tiled so that its innermost work is an
+``reg x vec`` tile of outputs kept in registers: the *vector* spatial axis is split to SIMD lanes and
+vectorised, the *register* spatial axis is split by a small factor and unrolled, and all reduction loops sit
+between the tile loops and the outer loops.  One vector load of the operand that does not depend on the
+register axis then feeds ``reg`` fused multiply-adds.  The outer spatial loops are fused and run in parallel.
+
+The epilogue (bias add, residual add, relu/clip, batch-norm scale/shift) that FuseOps put into the kernel is
+first collapsed into a single block (``compute_inline`` of the intermediate injective blocks), then moved
+into the tile (``reverse_compute_at``), so it runs on each tile while it is still in registers/L1 and the
+full-size intermediate buffer disappears.  Padding blocks feeding the contraction stay separate stages
+(parallel, vectorised copies); inlining them would put a bounds check in the innermost loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from tvm import s_tir
+from tvm.target import Target
+
+from .base import loop_extent, num_cores, summarize_blocks
+from .elementwise import parallel_vectorize_nest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """Which spatial loops of the contraction block form the register tile, and their factors."""
+
+    reg_axis: int  # index among the block's loops (all spatial loops come first, reductions after)
+    reg_factor: int
+    vec_axis: int
+    vec_factor: int
+    n_spatial: int
+    n_reduction: int
+    vec_outer_first: bool = False  # order the vec axis' tile loop before the reg axis' (matmul: B panel reuse)
+
+
+def pick_factor(extent: int, preferred: int, minimum: int = 1, multiple_of: int = 1) -> int:
+    """A tile factor for a loop of ``extent``: ideally a divisor of it close to ``preferred``.
+
+    Order of preference: ``extent`` itself when it is <= ``preferred``; the largest divisor <= ``preferred``
+    that is a multiple of ``multiple_of`` (> 1 only for vector axes: whole SIMD registers); the divisor in
+    ``[minimum, 2 * preferred]`` closest to ``preferred`` (ratio-wise); else ``preferred`` itself, leaving a
+    tail that TVM guards with a predicate (correct, slower).
+    """
+    if extent <= preferred:
+        return extent
+    if multiple_of > 1:
+        for factor in range(preferred - preferred % multiple_of, multiple_of - 1, -multiple_of):
+            if factor >= minimum and extent % factor == 0:
+                return factor
+    divisors = [f for f in range(max(1, minimum), 2 * preferred + 1) if extent % f == 0]
+    if divisors:
+        return min(divisors, key=lambda f: (abs(math.log(f / preferred)), -f))
+    return preferred
+
+
+def _inline_epilogue_chain(sch: s_tir.Schedule, main_name: str) -> s_tir.schedule.SBlockRV | None:
+    """Collapse the spatial blocks after the contraction into one block; return it (None if no epilogue)."""
+    names = [summary.name for _, summary in summarize_blocks(sch)]
+    after = names[names.index(main_name) + 1 :]
+    for name in after[:-1]:
+        sch.compute_inline(sch.get_sblock(name))
+    return sch.get_sblock(after[-1]) if after else None
+
+
+def schedule_producer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: Target) -> None:
+    """Padding (or other injective producer) stage: parallel over all but the last two loops, which stay
+    as plain nested loops.  The bounds check of a pad is then a function of the row/column only and LLVM
+    vectorises the column loop; fusing rows and columns would turn every lane's index into a div/mod.
+    """
+    loops = sch.get_loops(block)
+    if len(loops) <= 2:
+        parallel_vectorize_nest(sch, block, target)
+        return
+    outer = loops[:-2]
+    fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    if num_cores(target) > 1 and (loop_extent(sch, fused) or 1) > 1:
+        sch.parallel(fused)
+
+
+def _move_vector_axis_innermost(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, plan: TilePlan) -> None:
+    """Relayout the contraction's (intermediate) output so ``vec_axis % vec_factor`` is the last dimension."""
+    axis, lanes = plan.vec_axis, plan.vec_factor
+
+    def index_map(*indices):
+        return (*indices[:axis], indices[axis] // lanes, *indices[axis + 1 :], indices[axis] % lanes)
+
+    sch.transform_layout(main, ("write", 0), index_map)
+
+
+def schedule_contraction(sch: s_tir.Schedule, main_name: str, plan: TilePlan, target: Target) -> None:
+    """Apply the register-tiled schedule described in the module docstring to block ``main_name``."""
+    main = sch.get_sblock(main_name)
+    names = [summary.name for _, summary in summarize_blocks(sch)]
+    for name in names[: names.index(main_name)]:
+        schedule_producer(sch, sch.get_sblock(name), target)
+    epilogue = _inline_epilogue_chain(sch, main_name)
+    if plan.vec_axis != plan.n_spatial - 1:
+        # Vectorising a non-innermost output axis: accumulate in an intermediate buffer whose layout puts
+        # the vector lanes innermost, so the register tile is contiguous; the epilogue writes the output.
+        if epilogue is None:
+            epilogue = sch.cache_write(main, 0, "global")
+        _move_vector_axis_innermost(sch, main, plan)
+
+    loops = sch.get_loops(main)
+    spatial = loops[: plan.n_spatial]
+    reduction = loops[plan.n_spatial :]
+    if plan.reg_axis == plan.vec_axis:
+        # Matrix-vector product: the register tile is several vectors along the same (column) axis.
+        vec_outer, reg_inner, vec_inner = sch.split(
+            spatial[plan.vec_axis], factors=[None, plan.reg_factor, plan.vec_factor]
+        )
+        reg_outer = None
+    else:
+        reg_outer, reg_inner = sch.split(spatial[plan.reg_axis], factors=[None, plan.reg_factor])
+        vec_outer, vec_inner = sch.split(spatial[plan.vec_axis], factors=[None, plan.vec_factor])
+    others = [loop for index, loop in enumerate(spatial) if index not in (plan.reg_axis, plan.vec_axis)]
+    if reg_outer is None:
+        outer = [vec_outer, *others]
+    elif plan.vec_outer_first:
+        # Column panel outermost: one panel of B stays in cache while every row tile (and batch) uses it.
+        outer = [vec_outer, *others, reg_outer]
+    else:
+        outer = []
+        for index, loop in enumerate(spatial):
+            outer.append(reg_outer if index == plan.reg_axis else vec_outer if index == plan.vec_axis else loop)
+    sch.reorder(*outer, *reduction, reg_inner, vec_inner)
+
+    # Parallelise enough outer loops to give every core several chunks of work.
+    cores = num_cores(target)
+    n_par, work = 0, 1
+    while n_par < len(outer) and work < cores * 4:
+        work *= loop_extent(sch, outer[n_par]) or 1
+        n_par += 1
+    tile_loop = outer[-1]
+    if n_par == len(outer):
+        n_par -= 1  # keep the innermost outer loop serial: it anchors the epilogue
+    if n_par >= 1 and cores > 1:
+        fused = sch.fuse(*outer[:n_par]) if n_par > 1 else outer[0]
+        sch.parallel(fused)
+
+    if epilogue is not None:
+        sch.reverse_compute_at(epilogue, tile_loop, preserve_unit_loops=True)
+        epi_loops = sch.get_loops(epilogue)
+        tile_depth = len(sch.get_loops(main)) - (plan.n_reduction + 2)
+        inner = epi_loops[tile_depth:]
+        if inner and loop_extent(sch, inner[-1]) == plan.vec_factor:
+            sch.vectorize(inner[-1])
+
+    sch.unroll(reg_inner)
+    sch.vectorize(vec_inner)
+    sch.decompose_reduction(main, reduction[0])
