@@ -12,6 +12,7 @@ the seeded synthetic DAGs of ``hetpart.partition.synthetic`` (layered, branchy, 
 the datasheet P2200 preset with random per-op speed-ups, scaled by 1 and by 0.1 for a weak GPU).
 
     python benchmarks/partition.py --synthetic-only            # writes benchmarks/results/partition.{json,md}
+    python benchmarks/partition.py --name partition_zoo        # zoo x presets x batch 1, 8
 
 Planner times: the table and the goals use CPU (process) time of the planning call, because the machine is
 shared and wall time includes waiting for a core; wall time is kept in the JSON. Compare within one run.
@@ -131,6 +132,33 @@ def markdown(rows: list[dict], summ: dict[str, Any], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def zoo_cases(models: Sequence[str], presets: Sequence[str], batches: Sequence[int],
+              cpu_predictor: str | None = None) -> list[Case]:
+    """Zoo models at their default input size: the kernel graph hetpart compiles, the shipped (measured,
+    fitted) CPU predictor and each analytic GPU preset."""
+    from hetpart.api import import_model
+    from hetpart.compiler import load_cpu_predictor, parse_devices
+    from predictors.analytic import AnalyticGpuModel
+    from predictors.costs import build_cost_table
+    from tvm_passes.extract import extract_op_graph
+
+    cpu = load_cpu_predictor(cpu_predictor)
+    cases: list[Case] = []
+    for model in models:
+        for batch in batches:
+            imported = import_model(model, batch=batch)
+            graph = extract_op_graph(imported.mod, name=f"{model}-b{batch}",
+                                     source_hash=imported.source_hash).kernel_graph()
+            for preset in presets:
+                choice = parse_devices(f"cpu,gpu={preset}")
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")   # extrapolation warnings are summarised by the predictor
+                    costs = build_cost_table(graph, {"cpu": cpu, "gpu": AnalyticGpuModel(preset)}, choice.devices)
+                cases.append((f"{model}-b{batch}-{preset}", graph, costs))
+            logger.info("prepared %s batch %d: %d kernels", model, batch, graph.num_ops)
+    return cases
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--synthetic-only", action="store_true", help="run the synthetic DAGs only (no zoo models)")
@@ -138,19 +166,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--milp-max-ops", type=int, default=120)
     parser.add_argument("--milp-time-limit", type=float, default=30.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--models", default="resnet18,resnet50,vgg16,mobilenetv2,squeezenet1_1,densenet121,googlenet,"
+                        "lstm_lm,gru_lm,bert_small", help="zoo models (without --synthetic-only)")
+    parser.add_argument("--presets", default="p2200,t4,a100,rtx3090,jetson-orin", help="analytic GPU presets")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--name", default="partition", help="result file stem in --out")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("hetpart").setLevel(logging.WARNING)
-    if not args.synthetic_only:
-        parser.error("only --synthetic-only is wired so far; real models are passed to run_benchmark() by the caller")
-    cases = synthetic_cases([int(s) for s in args.sizes.split(",")])
+    if args.synthetic_only:
+        cases = synthetic_cases([int(s) for s in args.sizes.split(",")])
+    else:
+        cases = zoo_cases(args.models.split(","), args.presets.split(","), [int(b) for b in args.batches.split(",")])
     rows = run_benchmark(cases, milp_max_ops=args.milp_max_ops, milp_time_limit_s=args.milp_time_limit)
     summ = summary(rows)
     command = "python benchmarks/partition.py " + " ".join(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "partition.json").write_text(json.dumps(
+    (args.out / f"{args.name}.json").write_text(json.dumps(
         {"command": command, "machine": platform.platform(), "summary": summ, "rows": rows}, indent=1, default=str))
-    (args.out / "partition.md").write_text(markdown(rows, summ, command))
+    (args.out / f"{args.name}.md").write_text(markdown(rows, summ, command))
     logger.info("%s", json.dumps(summ, indent=1))
     return 0
 

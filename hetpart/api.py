@@ -26,6 +26,11 @@ def cache_dir() -> Path:
     return path
 
 
+def tuning_database_dir() -> Path:
+    """The persistent MetaSchedule database `hetpart tune` writes and compiles read."""
+    return cache_dir() / "tuning"
+
+
 def _ensure_threads() -> None:
     # TVM uses nproc/2 threads by default (1 on a 2-core machine); use every core unless the user said otherwise
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))

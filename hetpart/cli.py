@@ -169,6 +169,35 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    import json
+
+    from hetpart import api
+    from tvm_passes.schedules import default_cpu_target
+    from tvm_passes.tune import tune_model
+
+    imported = api.import_model(args.model, input_shapes=args.input_shape, batch=args.batch, size=args.size)
+    database = args.database or api.tuning_database_dir()
+    console = _console()
+
+    def progress(p) -> None:
+        last = "" if p.last is None else (
+            f" — {p.last.name}: rules {p.last.rule_latency_us:,.0f} µs"
+            + ("" if p.last.tuned_latency_us is None else f", tuned {p.last.tuned_latency_us:,.0f} µs")
+            + (" (kept)" if p.last.kept else ""))
+        console.print(f"[{p.done_kernels}/{p.total_kernels} kernels, {p.trials_used}/{p.trials_requested} trials, "
+                      f"{p.elapsed_s:,.0f} s]{last}", markup=False)
+
+    report = tune_model(imported.mod, default_cpu_target(), trials=args.trials, budget_minutes=args.budget_minutes,
+                        database_dir=database, progress=progress)
+    kept = [k for k in report.kernels if k.kept]
+    console.print(f"tuned {len(report.kernels)} kernels in {report.elapsed_s:,.0f} s, kept {len(kept)} faster "
+                  f"schedules in {database}{' (interrupted: what was tuned is kept)' if report.interrupted else ''}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+    return 130 if report.interrupted else 0
+
+
 def cmd_zoo(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -228,8 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save", type=Path, help="directory to write output<k>.npy into")
     p.set_defaults(func=cmd_run)
 
+    p = sub.add_parser("tune", help="bounded MetaSchedule tuning of a model's CPU kernels (persistent database)")
+    _add_model_args(p)
+    p.add_argument("--trials", type=int, default=64, help="MetaSchedule trials in total")
+    p.add_argument("--budget-minutes", type=float, default=30.0, help="wall-clock budget")
+    p.add_argument("--database", type=Path, help="tuning database dir (default ~/.cache/hetpart/tuning)")
+    p.add_argument("--json", type=Path, help="write the tuning report as JSON")
+    p.set_defaults(func=cmd_tune)
+
     p = sub.add_parser("zoo", help="list the built-in models")
     p.set_defaults(func=cmd_zoo)
+
+    from hetpart import cli_predictors  # profile / fit / evaluate
+
+    cli_predictors.register(sub)
     return parser
 
 

@@ -239,7 +239,9 @@ def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str
     emulate = (not cuda_available()) if emulate_gpu is None else emulate_gpu
     say("compiling" + (" (GPU emulated on a second CPU device: no CUDA here)" if emulate and len(choice.devices.names) > 1 else ""))
     annotated = annotate_module(imported.mod, op_plan, choice.devices)
-    built = build(annotated, choice.devices, emulate_gpu=emulate)
+    tuning = api.tuning_database_dir()
+    built = build(annotated, choice.devices, emulate_gpu=emulate,
+                  tuning_database=tuning if any(tuning.glob("*.json")) else None)
     lap("build")
     source = {"model": str(model) if isinstance(model, (str, Path)) else type(model).__name__,
               "name": imported.name, "source_kind": imported.source_kind, "source_hash": imported.source_hash,

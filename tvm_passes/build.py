@@ -243,6 +243,39 @@ def _apply_gpu_schedules(mod: tvm.IRModule, gpu_targets: Sequence[Target]) -> tv
     return mod
 
 
+def _host_target(cpu_target: Any, devices: DeviceSet) -> Target:
+    """The CPU target: explicit ``cpu_target``, else a specific host DeviceSpec target, else the one the
+    CPU schedules and the profiler use (``default_cpu_target``: this host's SIMD width and core count)."""
+    if isinstance(cpu_target, Target):
+        return cpu_target
+    if cpu_target is not None:
+        return Target(dict(cpu_target))
+    spec_target = dict(host_device(devices).target)
+    if spec_target != {"kind": "llvm"}:
+        return Target(spec_target)
+    from tvm_passes.schedules import default_cpu_target
+
+    return default_cpu_target()
+
+
+def _prepack_cpu_conv_weights(mod: tvm.IRModule, cpu_target: Target) -> tvm.IRModule:
+    """Constant conv weights in the layout the CPU conv rule vectorises (only CPU convs have constant weights
+    here: a GPU op reads a copy of its weight, so GPU convs are left alone)."""
+    from tvm_passes.schedules import prepack_conv_weights, vector_lanes
+
+    return prepack_conv_weights(vector_lanes(cpu_target))(mod)
+
+
+def _apply_tuning_database(mod: tvm.IRModule, cpu_target: Target, database_dir: str | Path | None) -> tvm.IRModule:
+    if database_dir is None:
+        return mod
+    from tvm_passes.schedules.pipeline import tuning_database_passes
+
+    for apply in tuning_database_passes(database_dir, cpu_target):
+        mod = apply(mod)
+    return mod
+
+
 def _apply_cpu_schedules(mod: tvm.IRModule, cpu_target: Target) -> tuple[tvm.IRModule, str]:
     """hetpart's CPU schedules (tvm_passes.schedules); returns the module and "" or why they were skipped.
 
@@ -362,25 +395,30 @@ def _stage(name: str, fn: Any, *args: Any) -> Any:
 
 def build(mod: tvm.IRModule, devices: DeviceSet, *, emulate_gpu: bool, cpu_target: Any = None,
           out_dir: str | Path | None = None, output_names: Sequence[str] | None = None,
-          hoist_weight_uploads: bool = True) -> BuildResult:
+          hoist_weight_uploads: bool = True, tuning_database: str | Path | None = None) -> BuildResult:
     """Compile an annotated module; export ``model.so`` + ``manifest.json`` into ``out_dir`` when given.
 
     With ``emulate_gpu=True`` (or a GPU DeviceSpec with ``emulated=True``) every GPU vdevice is compiled for
     the CPU as a second CPU device (``cpu(1)``), so the partitioned program, copies included, runs on a
     machine without CUDA; the manifest says so. With ``hoist_weight_uploads`` (default) the weights of
     non-host ops are uploaded once by ``hetpart_upload_weights()`` (see :func:`lift_weight_uploads`; run the
-    result with ``manifest.main_caller(vm)``); without it they are copied inside ``main`` at every call."""
+    result with ``manifest.main_caller(vm)``); without it they are copied inside ``main`` at every call.
+
+    CPU kernels are compiled exactly as ``tvm_passes.schedules.cpu_pipeline`` compiles them for the profiler:
+    the same host target (``default_cpu_target()`` unless ``cpu_target`` or a non-generic host DeviceSpec
+    target is given), output-channel-innermost constant conv weights, records of ``tuning_database`` where
+    they exist, and the rule schedules."""
     start = time.perf_counter()
     if "vdevice" not in mod.global_infos or mod["main"].attrs is None \
             or VDEVICE_NAMES_ATTR not in mod["main"].attrs:
         raise BuildError("build needs a module annotated by AnnotateDevicePlacement (vdevices and the "
                          f"{VDEVICE_NAMES_ATTR!r} attribute on main); apply the plan first")
-    host_target = cpu_target if isinstance(cpu_target, Target) else \
-        Target(dict(cpu_target if cpu_target is not None else host_device(devices).target))
+    host_target = _host_target(cpu_target, devices)
     vdevices, described = _final_vdevices(mod, devices, emulate_gpu, host_target)
     mod = _stage("retarget vdevices", retarget_vdevices, mod, vdevices)
     inputs, outputs = _signature(mod["main"], output_names)
     t = relax.transform
+    mod = _stage("prepack CPU conv weights", _prepack_cpu_conv_weights, mod, host_target)
     mod = _stage("legalize", tvm.transform.Sequential([t.DecomposeOpsForInference(), t.LegalizeOps()]), mod)
     mod = _stage("bind kernel targets", bind_kernel_targets, mod)
     mod = _stage("fuse", tvm.transform.Sequential([t.AnnotateTIROpPattern(), t.FuseOps(), t.FuseTIR()]), mod)
@@ -388,6 +426,7 @@ def build(mod: tvm.IRModule, devices: DeviceSet, *, emulate_gpu: bool, cpu_targe
     check_single_device_kernels(mod)
     gpu_targets = {str(vd.target): vd.target for vd in vdevices if "gpu" in vd.target.keys}
     mod = _stage("GPU schedules", _apply_gpu_schedules, mod, list(gpu_targets.values()))
+    mod = _stage("apply tuning database", _apply_tuning_database, mod, host_target, tuning_database)
     mod, cpu_schedule_problem = _apply_cpu_schedules(mod, host_target)
     used = _used_vdevices(mod)
     for entry, vd in zip(described, vdevices):

@@ -82,7 +82,7 @@ def cpu_schedule_pass(target: Target | str | dict, rules: list[CpuRule] | None =
     return _pass
 
 
-def _apply_database_pass(database_dir: Path | str | None, target: Target) -> list[tvm.transform.Pass]:
+def tuning_database_passes(database_dir: Path | str | None, target: Target) -> list[tvm.transform.Pass]:
     """MetaScheduleApplyDatabase over a persistent JSON database, when one exists on disk."""
     if database_dir is None:
         return []
@@ -113,7 +113,7 @@ def cpu_pipeline(target: Target | str | dict, database_dir: Path | str | None = 
         [prepack_conv_weights(vector_lanes(target))]
         + cpu_generic.library_dispatch_passes(target)
         + cpu_generic.legalize_passes(target)
-        + _apply_database_pass(database_dir, target)
+        + tuning_database_passes(database_dir, target)
         + [cpu_schedule_pass(target)]
         + cpu_generic.dataflow_lower_passes(target)
         + cpu_generic.finalize_passes(target)

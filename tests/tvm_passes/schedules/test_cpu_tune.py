@@ -63,11 +63,11 @@ def test_cpu_pipeline_applies_a_database_record_and_rules_elsewhere(tmp_path):
     workload = database.commit_workload(task_mod)
     database.commit_tuning_record(ms.database.TuningRecord(trace, workload, [1e-3], target, args_info))
 
-    from tvm_passes.schedules.pipeline import _apply_database_pass, cpu_schedule_pass
+    from tvm_passes.schedules.pipeline import tuning_database_passes, cpu_schedule_pass
 
     lowered = tune.lower_for_tuning(mod, target)
     with target:
-        applied = tvm.transform.Sequential(_apply_database_pass(tmp_path, target) + [cpu_schedule_pass(target)])(
+        applied = tvm.transform.Sequential(tuning_database_passes(tmp_path, target) + [cpu_schedule_pass(target)])(
             lowered
         )
     (scheduled,) = [f for _, f in applied.functions_items() if isinstance(f, tirx.PrimFunc)]
