@@ -1,0 +1,112 @@
+"""``hetpart profile | fit | evaluate``: a thin command-line layer over :mod:`predictors.zoo_profile` and
+:mod:`predictors.training`. ``register(subparsers)`` adds the three subcommands to hetpart's parser."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from hetpart.errors import PredictorError
+
+log = logging.getLogger("hetpart")
+
+DEFAULT_PREDICTOR = Path(__file__).resolve().parent.parent / "predictors" / "data" / "cpu_default.json"
+
+
+def default_db() -> Path:
+    """~/.cache/hetpart/profiles.sqlite (or under $HETPART_CACHE_DIR)."""
+    return Path(os.environ.get("HETPART_CACHE_DIR", Path.home() / ".cache" / "hetpart")) / "profiles.sqlite"
+
+
+def _progress_logger(every: int = 10):
+    def report(phase: str, done: int, total: int, item: str) -> None:
+        if done == total or done % every == 0 or phase in ("extract", "models"):
+            log.info("[%s %d/%d] %s", phase, done, total, item)
+    return report
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from predictors import sampling
+    from predictors.zoo_profile import BestWindowProfiler, profile_zoo, refine_zoo
+
+    if args.device != "cpu":
+        raise PredictorError(f"hetpart profile --device must be 'cpu'; found {args.device!r}. GPU kernels are "
+                             "not profiled by this command yet; use an analytic GPU preset instead.")
+    db = args.db or default_db()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    variants = sampling.zoo_variants(include_variants=not args.no_variants, models=args.models or None)
+    log.info("profiling %d model variants into %s with a budget of %.1f min", len(variants), db,
+             args.budget_minutes)
+    profiler = BestWindowProfiler(args.device, windows=args.windows)
+    if args.refine:
+        counts = refine_zoo(db, args.budget_minutes * 60.0, profiler, variants)
+        log.info("refine summary: %s", json.dumps(counts))
+        return 0
+    summary = profile_zoo(db, args.budget_minutes * 60.0, profiler, variants,
+                          synthetic=not args.no_synthetic, max_synthetic=args.max_synthetic,
+                          retest_count=args.retests, progress=_progress_logger())
+    log.info("profile summary: %s", json.dumps(summary.__dict__))
+    return 0
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from predictors.training import fit_from_db
+
+    db = args.db or default_db()
+    predictor, info = fit_from_db(db, device=args.device, output=args.output)
+    log.info("fitted %s predictor on %d kernels in %.1f s (per-kernel overhead %.2f us) -> %s", args.device,
+             info["n_kernels"], info["fit_seconds"], predictor.per_kernel_overhead_us, args.output)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from predictors.training import evaluate_db
+
+    db = args.db or default_db()
+    report = evaluate_db(db, device=args.device, out_dir=args.out, progress=_progress_logger(1))
+    for line in report.get("verdicts", []):
+        log.info("%s", line)
+    for goal, g in (report.get("goals_polynomial_lomo") or {}).items():
+        log.info("goal %s: measured %s (goal %s) -> %s", goal, _fmt(g["measured"]), g["sense"],
+                 "met" if g["met"] else "MISSED")
+    log.info("wrote %s", ", ".join(str(p) for p in report.get("written", [])))
+    return 0
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``profile``, ``fit`` and ``evaluate`` to hetpart's subcommand parser."""
+    p = subparsers.add_parser("profile", help="measure kernels of the zoo (+ synthetic variations) into a "
+                                              "profile database, resumably, under a time budget")
+    p.add_argument("--device", default="cpu", help="device to measure (cpu)")
+    p.add_argument("--budget-minutes", type=float, required=True, help="wall-clock budget of this run")
+    p.add_argument("--db", type=Path, help=f"profile database (default {default_db()})")
+    p.add_argument("--models", nargs="*", help="zoo models to profile (default: all)")
+    p.add_argument("--no-variants", action="store_true", help="only batch 1 at the default size")
+    p.add_argument("--no-synthetic", action="store_true", help="skip the synthetic variations")
+    p.add_argument("--max-synthetic", type=int, default=600, help="most synthetic workloads to consider")
+    p.add_argument("--retests", type=int, default=40, help="kernels to measure twice (noise floor)")
+    p.add_argument("--refine", action="store_true", help="measure the stored zoo kernels and models again and "
+                   "keep the lower median (contention only adds time); run when the machine is quiet")
+    p.add_argument("--windows", type=int, default=3, help="timing windows per kernel / model; the least "
+                   "contended (lowest median) is kept")
+    p.set_defaults(func=cmd_profile)
+
+    p = subparsers.add_parser("fit", help="fit a latency predictor from a profile database (JSON, no pickles)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--db", type=Path, help=f"profile database (default {default_db()})")
+    p.add_argument("-o", "--output", type=Path, default=DEFAULT_PREDICTOR, help="predictor JSON to write")
+    p.set_defaults(func=cmd_fit)
+
+    p = subparsers.add_parser("evaluate", help="honest error report of the predictors (leave-one-model-out, "
+                                               "leave-one-family-out, baselines, noise floor)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--db", type=Path, help=f"profile database (default {default_db()})")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="directory for JSON + PNG")
+    p.set_defaults(func=cmd_evaluate)

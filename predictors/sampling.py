@@ -1,0 +1,257 @@
+"""Which kernels to measure under a time budget: the zoo's kernels first, then synthetic variations around them.
+
+Sources of workloads, in tiers (lower tiers are measured first):
+
+* tier 0 -- every distinct fused kernel of every zoo model at batch 1 and its default size (what users deploy);
+* tier 1 -- the zoo at other batch sizes / image sizes / sequence lengths (:data:`ZOO_VARIANTS`);
+* tier 2 -- synthetic single-kernel Relax modules (conv2d+bias+relu, depthwise conv+bias+clip, matmul+bias,
+  max-pool, add+relu) whose parameters are varied *around* the geometries seen in the zoo: channels, spatial
+  size, window, stride, groups and batch (:func:`synthetic_specs`), so the fitted models see neighbours of the
+  kernels they will be asked about, not only the kernels themselves.
+
+Synthetic modules go through exactly the same path as the zoo models (``predictors.zoo_profile``): features from
+``tvm_passes.extract``'s kernel graph, kernels from the deployment pipeline. :func:`prioritise` dedupes
+candidates by workload key (the lowest tier wins) and orders them by (tier, expected measuring cost), so a budget
+that runs out covers as many distinct kernels as possible of the tiers that matter most.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from hetpart.errors import PredictorError
+from hetpart.graph import OpNode
+
+TIER_ZOO_DEFAULT, TIER_ZOO_VARIANT, TIER_SYNTHETIC = 0, 1, 2
+
+# Expected cost of measuring one kernel: compile + probe + (attempts x repeats) x max(min_repeat, latency).
+COMPILE_S = 1.0
+TIMED_CALLS = 3 + 2 * 7              # probe runs + two attempts of 7 repeats (typical)
+MIN_REPEAT_S = 1e-3
+ASSUMED_FLOPS_PER_S = 30e9           # only orders candidates; never used as a prediction
+ASSUMED_BYTES_PER_S = 5e9
+
+
+@dataclass(frozen=True)
+class ModelVariant:
+    """One zoo model at one batch size and input size (``size``: image side, or sequence length)."""
+
+    model: str
+    batch: int
+    size: int
+    family: str
+    tier: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}_b{self.batch}_s{self.size}"
+
+
+# (model, batch, size) beyond batch 1 at the default size: image size 112 and batch 4 for CNNs, other
+# sequence lengths / batches for the language models.
+ZOO_VARIANTS: tuple[tuple[str, int, int], ...] = (
+    ("resnet18", 1, 112), ("resnet18", 4, 224), ("resnet50", 1, 112), ("mobilenetv2", 4, 224),
+    ("mobilenetv2", 1, 112), ("squeezenet1_1", 4, 224), ("googlenet", 1, 112), ("vgg16", 1, 112),
+    ("densenet121", 1, 112), ("lstm_lm", 4, 35), ("gru_lm", 1, 70), ("bert_small", 1, 64),
+    ("bert_small", 4, 128),
+)
+
+
+def zoo_variants(include_variants: bool = True, models: Sequence[str] | None = None) -> list[ModelVariant]:
+    """Every zoo model at batch 1 / default size (tier 0), then :data:`ZOO_VARIANTS` (tier 1)."""
+    from models import ZOO
+
+    names = list(ZOO) if models is None else list(models)
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        raise PredictorError(f"unknown zoo model(s) {unknown}; the zoo has {sorted(ZOO)}")
+    out = [ModelVariant(n, 1, ZOO[n].default_size, ZOO[n].family, TIER_ZOO_DEFAULT) for n in names]
+    if include_variants:
+        out += [ModelVariant(m, b, s, ZOO[m].family, TIER_ZOO_VARIANT) for m, b, s in ZOO_VARIANTS if m in names]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- synthetic
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """A single-kernel workload: ``op`` in conv2d | depthwise_conv2d | matmul | max_pool2d | add_relu."""
+
+    op: str
+    items: tuple[tuple[str, int], ...] = ()     # sorted (parameter, value) pairs; hashable
+
+    @classmethod
+    def of(cls, op: str, **params: int) -> "SyntheticSpec":
+        return cls(op, tuple(sorted((k, int(v)) for k, v in params.items()))).validate()
+
+    @property
+    def params(self) -> dict[str, int]:
+        return dict(self.items)
+
+    @property
+    def name(self) -> str:
+        return "syn_" + self.op + "_" + "_".join(f"{k}{v}" for k, v in self.items)
+
+    def validate(self) -> "SyntheticSpec":
+        need = {"conv2d": {"n", "ci", "co", "hw", "k", "stride"}, "depthwise_conv2d": {"n", "c", "hw", "k", "stride"},
+                "matmul": {"m", "k", "n"}, "max_pool2d": {"n", "c", "hw", "k", "stride"},
+                "add_relu": {"n", "c", "hw"}}
+        if self.op not in need or set(self.params) != need[self.op]:
+            raise PredictorError(f"synthetic spec {self.op!r} needs parameters {sorted(need.get(self.op, []))}; "
+                                 f"found {sorted(self.params)}")
+        if any(int(v) < 1 for v in self.params.values()):
+            raise PredictorError(f"synthetic spec {self.name}: every parameter must be >= 1")
+        return self
+
+
+def build_synthetic_module(spec: SyntheticSpec, seed: int = 0) -> Any:
+    """The Relax module of one synthetic workload; weights are constants, as in an imported zoo model."""
+    import tvm
+    from tvm import relax
+
+    spec.validate()
+    p, rng = dict(spec.params), np.random.default_rng(seed)
+
+    def const(shape: Sequence[int]) -> Any:
+        return relax.const(rng.standard_normal(shape).astype("float32") * 0.1, "float32")
+
+    bb = relax.BlockBuilder()
+    if spec.op in ("conv2d", "depthwise_conv2d", "max_pool2d", "add_relu"):
+        c_in = p["ci"] if spec.op == "conv2d" else p["c"]
+        x = relax.Var("x", relax.TensorType([p["n"], c_in, p["hw"], p["hw"]], "float32"))
+    else:
+        x = relax.Var("x", relax.TensorType([p["m"], p["k"]], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if spec.op in ("conv2d", "depthwise_conv2d"):
+                groups = 1 if spec.op == "conv2d" else p["c"]
+                co = p["co"] if spec.op == "conv2d" else p["c"]
+                ci_per_group = p["ci"] if spec.op == "conv2d" else 1
+                y = bb.emit(relax.op.nn.conv2d(x, const([co, ci_per_group, p["k"], p["k"]]), strides=p["stride"],
+                                               padding=p["k"] // 2, groups=groups))
+                y = bb.emit(relax.op.add(y, const([1, co, 1, 1])))
+                y = bb.emit(relax.op.nn.relu(y) if spec.op == "conv2d" else relax.op.clip(y, 0.0, 6.0))
+            elif spec.op == "matmul":
+                y = bb.emit(relax.op.matmul(x, const([p["k"], p["n"]])))
+                y = bb.emit(relax.op.add(y, const([p["n"]])))
+            elif spec.op == "max_pool2d":
+                y = bb.emit(relax.op.nn.max_pool2d(x, pool_size=p["k"], strides=p["stride"], padding=p["k"] // 2))
+            else:
+                y = bb.emit(relax.op.nn.relu(relax.op.add(x, const([1, p["c"], p["hw"], p["hw"]]))))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert isinstance(mod, tvm.IRModule)
+    return mod
+
+
+def _near(value: int, factors: Sequence[float], minimum: int = 1) -> list[int]:
+    return sorted({max(minimum, int(round(value * f))) for f in factors} - {value})
+
+
+def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 600, seed: int = 0) -> list[SyntheticSpec]:
+    """Variations around the zoo's conv / matmul / pool kernels, one parameter changed at a time.
+
+    ``zoo_nodes``: kernel-level nodes of the zoo models (their kinds and geometry seed the variations). At most
+    ``max_specs`` specs, sampled uniformly (seeded) when there are more, always deduped.
+    """
+    from predictors.features import feature_vector, kernel_kind
+
+    specs: set[SyntheticSpec] = set()
+
+    def add(op: str, **params: int) -> None:
+        specs.add(SyntheticSpec.of(op, **params))
+
+    for node in zoo_nodes:
+        kind, f = kernel_kind(node), feature_vector(node)
+        n, hw_out = int(f["batch"]), int(f["out_height"])
+        stride = int(f["stride"])
+        if kind == "conv2d" and f["in_channels"] >= 1 and f["out_channels"] >= 1 and f["kernel_h"] == f["kernel_w"]:
+            base = dict(n=n, ci=int(f["in_channels"]), co=int(f["out_channels"]), hw=max(1, hw_out * stride),
+                        k=int(f["kernel_h"]), stride=stride)
+            for ci in _near(base["ci"], (0.5, 0.75, 1.5)):
+                add("conv2d", **{**base, "ci": ci})
+            for co in _near(base["co"], (0.5, 0.75, 1.25, 1.5)):
+                add("conv2d", **{**base, "co": co})
+            for hw in _near(base["hw"], (0.5, 0.75, 1.5), minimum=4):
+                add("conv2d", **{**base, "hw": hw})
+            add("conv2d", **{**base, "k": 3 if base["k"] == 1 else 1})
+            add("conv2d", **{**base, "stride": 2 if stride == 1 else 1})
+            add("conv2d", **{**base, "n": 2 if n == 1 else 1})
+        elif kind == "depthwise_conv2d" and f["out_channels"] >= 1:
+            base = dict(n=n, c=int(f["out_channels"]), hw=max(1, hw_out * stride), k=max(1, int(f["kernel_h"])),
+                        stride=stride)
+            for c in _near(base["c"], (0.5, 0.75, 1.5)):
+                add("depthwise_conv2d", **{**base, "c": c})
+            for hw in _near(base["hw"], (0.5, 1.5), minimum=4):
+                add("depthwise_conv2d", **{**base, "hw": hw})
+            add("depthwise_conv2d", **{**base, "k": 5 if base["k"] == 3 else 3})
+            add("depthwise_conv2d", **{**base, "stride": 2 if stride == 1 else 1})
+            add("depthwise_conv2d", **{**base, "n": 4 if n == 1 else 1})
+        elif kind == "matmul" and f["m"] >= 1 and f["n"] >= 1 and f["k"] >= 1:
+            base = dict(m=int(f["m"]), k=int(f["k"]), n=int(f["n"]))
+            for axis in ("m", "k", "n"):
+                for v in _near(base[axis], (0.5, 1.5, 2.0)):
+                    add("matmul", **{**base, axis: v})
+        elif kind == "pool" and f["out_channels"] >= 1 and f["kernel_h"] > 1:
+            base = dict(n=n, c=int(f["out_channels"]), hw=max(2, hw_out * stride), k=int(f["kernel_h"]), stride=stride)
+            for c in _near(base["c"], (0.5, 1.5)):
+                add("max_pool2d", **{**base, "c": c})
+            add("max_pool2d", **{**base, "hw": max(4, base["hw"] // 2)})
+        elif kind == "elementwise" and len(node.output_shapes) == 1 and len(node.output_shapes[0]) == 4:
+            n4, c4, h4, _ = node.output_shapes[0]
+            for c in _near(int(c4), (0.5, 2.0)):
+                add("add_relu", n=int(n4), c=c, hw=int(h4))
+    ordered = sorted(specs, key=lambda s: s.name)
+    if len(ordered) > max_specs:
+        ordered = sorted(random.Random(seed).sample(ordered, max_specs), key=lambda s: s.name)
+    return ordered
+
+
+# ---------------------------------------------------------------------------------------------- ordering
+def expected_measure_s(flops: float, bytes_total: float) -> float:
+    """Rough wall time to compile and time one kernel (orders candidates only; never a latency prediction)."""
+    latency_s = max(flops / ASSUMED_FLOPS_PER_S, bytes_total / ASSUMED_BYTES_PER_S)
+    return COMPILE_S + TIMED_CALLS * max(MIN_REPEAT_S, latency_s)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A workload that could be measured, where it comes from and what measuring it is expected to cost."""
+
+    key_hash: str
+    tier: int
+    expected_s: float
+    source: str                  # model variant or synthetic spec name
+    workload: Any = None         # predictors.profiler.KernelWorkload (opaque here)
+
+    @property
+    def name(self) -> str:
+        return getattr(self.workload, "name", self.key_hash)
+
+
+def prioritise(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Dedupe by workload key (lowest tier, then cheapest, wins) and order by (tier, expected cost, key)."""
+    best: dict[str, Candidate] = {}
+    for c in candidates:
+        if not (math.isfinite(c.expected_s) and c.expected_s > 0):
+            raise PredictorError(f"candidate {c.key_hash} from {c.source}: expected_s must be finite and > 0; "
+                                 f"found {c.expected_s}")
+        old = best.get(c.key_hash)
+        if old is None or (c.tier, c.expected_s) < (old.tier, old.expected_s):
+            best[c.key_hash] = c
+    return sorted(best.values(), key=lambda c: (c.tier, c.expected_s, c.key_hash))
+
+
+def fits_budget(ordered: Sequence[Candidate], budget_s: float) -> list[Candidate]:
+    """The prefix of ``ordered`` whose summed expected cost stays within ``budget_s`` (a planning estimate)."""
+    out, total = [], 0.0
+    for c in ordered:
+        if total + c.expected_s > budget_s:
+            break
+        out.append(c)
+        total += c.expected_s
+    return out

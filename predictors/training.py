@@ -1,0 +1,260 @@
+"""From a profile database to a fitted predictor (``hetpart fit``) and to an error report (``hetpart evaluate``).
+
+Labels: each ``ok`` kernel row's median, put on one scale with the canary of its timing window
+(:func:`predictors.store.normalise_latency`, reference = the median canary of the rows used). Rows whose
+features were not taken from the kernel graph (``tags.source == "tir"``: the kernel <-> node alignment failed for
+their model, see :mod:`predictors.zoo_profile`) are left out and counted, because prediction-time features
+never look like them.
+
+Model-level data: every aligned model variant with a measured whole-model latency and an ``ok`` label for each
+of its kernels becomes an :class:`predictors.evaluate.ModelRecord` (nodes, per-node labels, normalised model
+latency, family). Kernel-graph nodes that run no kernel in deployment (host-side shape computations, see
+:func:`predictors.zoo_profile.align_calls`) have no label and are not part of the record. Variants with a kernel that is missing or only ``rejected_noisy`` are listed as excluded.
+
+Splits (:func:`evaluate_db`): leave-one-model-out trains on the other variants' kernels **plus** the synthetic
+kernels; leave-one-family-out trains on the other families' kernels only (synthetic kernels are variations
+around every family's kernels, so they would leak the held-out family).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from hetpart.errors import PredictorError
+from hetpart.graph import OpNode
+from predictors import evaluate as ev
+from predictors.model_db import ModelDatabase
+from predictors.polynomial import DevicePredictor
+from predictors.store import Measurement, ProfileStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    device: str
+    target: str
+    tvm_version: str
+    reference_canary_us: float
+    kernels: dict[str, tuple[OpNode, float]]        # key hash -> (features, normalised label µs), ok rows only
+    raw: dict[str, Measurement]                     # key hash -> row (any status)
+    excluded_tir_features: int
+    records: dict[str, ev.ModelRecord]              # complete model variants
+    model_keys: dict[str, tuple[str, ...]]          # variant -> key hash per node
+    excluded_models: dict[str, str]                 # variant -> why it is not a record
+    retests: list[tuple[str, float, float]]         # (key hash, median µs, canary µs) of second measurements
+
+    @property
+    def zoo_keys(self) -> set[str]:
+        return {k for keys in self.model_keys.values() for k in keys}
+
+    def synthetic(self) -> tuple[list[OpNode], list[float]]:
+        """Kernels measured but not part of any zoo variant (the synthetic variations)."""
+        keys = sorted(set(self.kernels) - self.zoo_keys)
+        return [self.kernels[k][0] for k in keys], [self.kernels[k][1] for k in keys]
+
+
+def _pick_target(rows: Sequence[Measurement], device: str) -> tuple[str, str]:
+    combos = Counter((m.target, m.tvm_version) for m in rows)
+    if not combos:
+        raise PredictorError(f"the profile database has no measurements for device {device!r}; run "
+                             f"`hetpart profile --device {device}` first")
+    (target, version), n = combos.most_common(1)[0]
+    if len(combos) > 1:
+        logger.warning("the database holds %d (target, TVM version) combinations for %s; using the one with the "
+                       "most rows (%d, TVM %s)", len(combos), device, n, version)
+    return target, version
+
+
+def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData:
+    """Read kernels, model variants and retests of ``device`` (see the module docstring)."""
+    with ProfileStore(db_path) as store:
+        all_rows = store.measurements(device=device, status=None)
+    target, version = _pick_target(all_rows, device)
+    rows = [m for m in all_rows if (m.target, m.tvm_version) == (target, version)]
+    ok = [m for m in rows if m.status == "ok" and m.canary_us]
+    if not ok:
+        raise PredictorError(f"no 'ok' kernel measurements for {device!r} in {db_path}; profile again when the "
+                             "machine is quieter (every row was rejected as noisy or failed)")
+    reference = float(np.median([m.canary_us for m in ok]))
+    kernels, excluded = {}, 0
+    for m in ok:
+        if m.features.get("tags", {}).get("source") == "tir":
+            excluded += 1
+            continue
+        kernels[m.key_hash] = (OpNode.from_dict(m.features), m.normalised_us(reference))
+    if excluded:
+        logger.warning("%d kernel rows carry TIR-derived features (alignment fallback) and are not used", excluded)
+    with ModelDatabase(db_path) as models:
+        variants = models.variants(device, target, version)
+        retests = [(r.key_hash, r.median_us, r.canary_us) for r in models.retests(device, target, version)]
+    records, model_keys, why_not = {}, {}, {}
+    raw = {m.key_hash: m for m in rows}
+    for v in variants:
+        if not v.aligned:
+            why_not[v.name] = "kernels and kernel-graph nodes did not align"
+            continue
+        keyed = [(node, k) for node, k in zip(v.graph.nodes, v.node_keys) if k]   # "" = no deployment kernel
+        model_keys[v.name] = tuple(k for _, k in keyed)
+        missing = [k for _, k in keyed if k not in kernels]
+        if missing:
+            statuses = Counter(raw[k].status if k in raw else "not measured" for k in missing)
+            why_not[v.name] = f"{len(missing)} of {len(keyed)} kernels lack an ok label ({dict(statuses)})"
+        elif v.model_median_us is None or not v.canary_us:
+            why_not[v.name] = "whole-model latency not measured"
+        else:
+            nodes = tuple(node for node, _ in keyed)
+            labels = tuple(kernels[k][1] for _, k in keyed)
+            total = v.model_median_us * reference / v.canary_us
+            records[v.name] = ev.ModelRecord(nodes, labels, total, v.family)
+    return TrainingData(device, target, version, reference, kernels, raw, excluded, records, model_keys, why_not,
+                        retests)
+
+
+# ---------------------------------------------------------------------------------------------- fit
+def fit_from_db(db_path: str | Path, device: str = "cpu",
+                output: str | Path | None = None) -> tuple[DevicePredictor, dict[str, Any]]:
+    """Fit a :class:`DevicePredictor` on every usable kernel and its per-kernel overhead on the model records."""
+    start = time.perf_counter()
+    data = load_training_data(db_path, device)
+    keys = sorted(data.kernels)
+    nodes, labels = [data.kernels[k][0] for k in keys], [data.kernels[k][1] for k in keys]
+    predictor = DevicePredictor(device=device, target=json.loads(data.target), tvm_version=data.tvm_version)
+    predictor.fit(nodes, labels)
+    if data.records:
+        predictor.fit_overhead([(r.nodes, r.model_latency_us) for r in data.records.values()])
+    else:
+        logger.warning("no complete model variant in %s: the per-kernel overhead stays 0", db_path)
+    with ModelDatabase(db_path) as models:
+        runs = models.profile_runs(device)
+    info = {"fit_seconds": time.perf_counter() - start, "n_kernels": len(keys),
+            "profile_runs": len(runs), "profile_seconds_total": sum(r["elapsed_s"] for r in runs),
+            "n_synthetic_kernels": len(set(keys) - data.zoo_keys), "n_model_records": len(data.records),
+            "excluded_tir_feature_rows": data.excluded_tir_features, "canary_reference_us": data.reference_canary_us,
+            "profile_db": str(db_path), "excluded_models": data.excluded_models}
+    predictor.fit_info.update({"training": info})
+    if output is not None:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        predictor.save(output)
+    return predictor, info
+
+
+# ---------------------------------------------------------------------------------------------- evaluate
+class WithExtraTraining:
+    """Wraps a predictor factory so that every fit also sees a fixed set of extra kernels (the synthetic ones)."""
+
+    def __init__(self, factory: Callable[[], Any], nodes: Sequence[OpNode], latencies_us: Sequence[float]):
+        self.inner, self.extra_nodes, self.extra_latencies = factory(), list(nodes), list(latencies_us)
+
+    def fit(self, nodes: Sequence[OpNode], latencies_us: Sequence[float]) -> "WithExtraTraining":
+        self.inner.fit(list(nodes) + self.extra_nodes, list(latencies_us) + self.extra_latencies)
+        return self
+
+    def predict(self, nodes: Sequence[OpNode]) -> np.ndarray:
+        return self.inner.predict(nodes)
+
+
+def noise_floor_of(data: TrainingData) -> dict[str, Any]:
+    """Test-retest error of kernels measured twice (normalised and raw), plus within-window spreads."""
+    out: dict[str, Any] = {}
+    pairs_norm, pairs_raw = [], []
+    for key, median, canary in data.retests:
+        first = data.raw.get(key)
+        if first is None or first.median_us is None or not first.canary_us:
+            continue
+        ref = data.reference_canary_us
+        pairs_norm.append([first.normalised_us(ref), median * ref / canary])
+        pairs_raw.append([first.median_us, median])
+    if pairs_norm:
+        out["retest_normalised"] = ev.noise_floor(pairs_norm)
+        out["retest_raw"] = ev.noise_floor(pairs_raw)
+        m = np.array([p[0] for p in pairs_norm])
+        for bucket, lo, hi in ev.SIZE_BUCKETS:
+            sel = [(p, q) for p, q in pairs_norm if lo <= p < hi]
+            if sel:
+                out[f"retest_normalised_{bucket}"] = ev.noise_floor(sel)
+        out["retest_latency_range_us"] = [float(m.min()), float(m.max())]
+    spreads = [m.spread for m in data.raw.values() if m.status == "ok" and m.spread is not None]
+    if spreads:
+        out["within_window_spread"] = {"median": float(np.median(spreads)), "p90": float(np.quantile(spreads, 0.9)),
+                                       "n": len(spreads)}
+    return out
+
+
+def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | None = None,
+                progress: Callable[[str, int, int, str], None] | None = None,
+                methods: Mapping[str, Callable[[], Any]] | None = None) -> dict[str, Any]:
+    """Leave-one-model-out and leave-one-family-out report; writes predictors.json + the scatter PNG."""
+    data = load_training_data(db_path, device)
+    if len(data.records) < 2:
+        raise PredictorError(f"evaluation needs >= 2 complete model variants; found {len(data.records)} "
+                             f"(excluded: {data.excluded_models}). Profile with a larger budget.")
+    methods = dict(methods or ev.default_methods())
+    syn_nodes, syn_lat = data.synthetic()
+    with_syn = {name: (lambda f=f: WithExtraTraining(f, syn_nodes, syn_lat)) for name, f in methods.items()}
+    splits = {"leave_one_model_out": ({n: n for n in data.records}, with_syn if syn_nodes else methods),
+              "leave_one_family_out": ({n: r.family for n, r in data.records.items()}, methods)}
+    out_dir = Path(out_dir) if out_dir is not None else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "device": device, "target": json.loads(data.target), "tvm_version": data.tvm_version,
+        "profile_db": str(db_path), "n_model_records": len(data.records), "models": sorted(data.records),
+        "families": sorted({r.family for r in data.records.values()}),
+        "n_kernel_rows_ok": len(data.kernels), "n_synthetic_kernels": len(syn_nodes),
+        "n_kernel_instances": sum(len(r.nodes) for r in data.records.values()),
+        "excluded_models": data.excluded_models, "excluded_tir_feature_rows": data.excluded_tir_features,
+        "row_statuses": dict(Counter(m.status for m in data.raw.values())),
+        "canary_reference_us": data.reference_canary_us, "methods": sorted(methods), "splits": {}, "verdicts": [],
+    }
+    relay = None if progress is None else (lambda split, done, total: progress(split, done, total, ""))
+    for split_name, (group_of, split_methods) in splits.items():
+        if len(set(group_of.values())) < 2:
+            report["splits"][split_name] = None
+            report["verdicts"].append(f"{split_name}: skipped (fewer than 2 groups)")
+            continue
+        split = ev.cross_validate(data.records, group_of, split_methods, relay, split_name)
+        points = {name: res.pop("_points") for name, res in split.items()}
+        report["splits"][split_name] = split
+        report["verdicts"].extend(ev.honest_comparison(split, split_name))
+        if split_name == "leave_one_model_out":
+            report["goals_polynomial_lomo"] = ev.check_goals(split["polynomial"])
+            if out_dir is not None:
+                m, p, k = points["polynomial"]
+                report["plot"] = str(ev.plot_predicted_vs_measured(
+                    m, p, k, out_dir / "predictors_scatter.png",
+                    title=f"polynomial, leave-one-model-out ({len(data.records)} model variants)"))
+    report["noise_floor"] = noise_floor_of(data)
+    start = time.perf_counter()
+    fit_from_db(db_path, device)
+    report["full_fit_seconds"] = time.perf_counter() - start
+    with ModelDatabase(db_path) as models:
+        runs = models.profile_runs(device)
+    report["profile_runs"] = [{k: r[k] for k in ("session_id", "budget_s", "elapsed_s", "timestamp_s")} for r in runs]
+    report["profile_seconds_total"] = sum(r["elapsed_s"] for r in runs)
+    report = _jsonable(report)
+    if out_dir is not None:
+        path = out_dir / "predictors.json"
+        report["written"] = [str(path)] + ([report["plot"]] if "plot" in report else [])
+        path.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON values (numpy scalars -> Python, non-finite floats -> None)."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, (np.integer, np.bool_)):
+        return value.item()
+    return value

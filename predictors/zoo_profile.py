@@ -1,0 +1,384 @@
+"""Profile the zoo for a device: kernels with prediction-time features, whole-model latencies, retests.
+
+Kernels and their features come from :func:`predictors.kernel_mapping.map_kernels` (deployment kernels paired
+with the kernel-graph nodes a CostTable is built on). Timing uses :class:`BestWindowProfiler`, which keeps the
+least contended of several windows on a shared machine.
+
+:func:`profile_zoo` runs the whole campaign under one time budget, resumably (the store skips what is measured):
+
+1. zoo kernels (tiers 0 and 1 of :mod:`predictors.sampling`) in priority order, with at most
+   ``zoo_budget_share`` of the budget (a variant whose kernels are all measured is not extracted again);
+2. whole-model latency of every variant whose kernels are all measured (deployment pipeline, ``vm["main"]``,
+   the profiler's timing protocol and canary);
+3. a retest of ``retest_count`` measured kernels (the test-retest noise floor);
+4. synthetic variations (tier 2) with whatever budget is left.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hetpart.errors import HetpartError
+from predictors import sampling
+from predictors.kernel_mapping import ModelKernels, map_kernels
+from predictors.model_db import ModelDatabase
+from predictors.profiler import CompiledKernel, KernelProfiler, KernelWorkload
+from predictors.store import ProfileStore, profile_workloads
+
+logger = logging.getLogger(__name__)
+
+
+def candidates_of(kernels: ModelKernels, tier: int) -> list[sampling.Candidate]:
+    """One prioritisation candidate per distinct kernel, with its expected measuring cost."""
+    out = []
+    for w in kernels.workloads:
+        f = w.features
+        cost = sampling.expected_measure_s(float(f.get("flops", 0)),
+                                           float(f.get("bytes_read", 0)) + float(f.get("bytes_written", 0)))
+        out.append(sampling.Candidate(w.key_hash, tier, cost, kernels.name, w))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- protocol
+class BestWindowProfiler(KernelProfiler):
+    """:class:`KernelProfiler` that times each kernel in ``windows`` separate windows and keeps the row whose
+    median is lowest (``ok`` rows first).
+
+    On a shared 2-core machine a parallel TVM kernel whose second core is taken waits for scheduler time
+    slices: its per-call time jumps to ~4 or ~8 ms for a 25 µs kernel, for whole repeats, while the canaries
+    around it can look clean. Contention only ever adds time, so the least contended window is the best estimate
+    of the kernel's own latency; each window's label is still its median. Windows are not cut short when two
+    agree: contention lasting seconds gives agreeing windows too (both at the time-slice quantum).
+    """
+
+    def __init__(self, *args: Any, windows: int = 3, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.windows = max(1, int(windows))
+
+    def measure(self, workload: KernelWorkload) -> Any:
+        rows = []
+        for _ in range(self.windows):
+            try:
+                compiled = self.compile(workload)
+            except Exception:          # the base class turns the same failure into a 'failed' row
+                compiled = None
+            row = super().measure(workload)
+            if compiled is not None:   # the base class frees the kernel after one measurement: keep it
+                self._compiled[workload.key_hash] = compiled
+            if row.status == "failed":
+                break
+            rows.append(row)
+        self._compiled.pop(workload.key_hash, None)
+        if not rows:
+            return row
+        best = min(rows, key=lambda r: (r.status != "ok", r.median_us))
+        if len(rows) > 1:
+            logger.debug("kernel %s: window medians %s -> %.1f us", workload.name,
+                         [round(r.median_us, 1) for r in rows], best.median_us)
+        return best
+
+
+# ---------------------------------------------------------------------------------------------- whole model
+def model_inputs(mod: Any, dev: Any, seed: int = 0) -> list[Any]:
+    """Random float / zero integer tensors for every parameter of ``mod["main"]`` (static shapes)."""
+    import tvm
+
+    rng = np.random.default_rng(seed)
+    args = []
+    for param in mod["main"].params:
+        shape, dtype = tuple(int(d) for d in param.ty.shape.values), str(param.ty.dtype)
+        data = rng.standard_normal(shape).astype(dtype) if dtype.startswith("float") else np.zeros(shape, dtype)
+        args.append(tvm.runtime.tensor(data, dev))
+    return args
+
+
+def measure_model(mod: Any, profiler: KernelProfiler, windows: int = 3) -> tuple[float, float, float]:
+    """(median µs, spread, canary µs) of the whole model compiled with the deployment pipeline.
+
+    Timed like a kernel: between two canaries, in ``windows`` separate windows; the window with the lowest
+    median is kept (see :class:`BestWindowProfiler`); its canary is the mean of the two around it.
+    """
+    import tvm
+    from tvm import relax
+
+    start = time.perf_counter()
+    ex = tvm.compile(mod, target=profiler.tvm_target, relax_pipeline=profiler.pipeline)
+    vm = relax.VirtualMachine(ex, profiler.dev)
+    args = model_inputs(mod, profiler.dev)
+    vm.save_function("main", "timed_main", *args)
+    compiled = CompiledKernel(workload=None, vm=vm, dev=profiler.dev, args=args,
+                              compile_s=time.perf_counter() - start)
+    results = []
+    for _ in range(max(1, windows)):
+        before = profiler.canary_us()
+        best = min(profiler.time_kernel(compiled), key=lambda s: s.spread)
+        after = profiler.canary_us()
+        results.append((best.median_us, best.spread, 0.5 * (before + after)))
+    return min(results)
+
+
+# ---------------------------------------------------------------------------------------------- campaign
+@dataclass
+class ZooProfileSummary:
+    variants: int = 0
+    aligned: int = 0
+    fallback_tir: int = 0
+    zoo_candidates: int = 0
+    kernels_measured: int = 0
+    kernels_skipped: int = 0
+    kernels_not_started: int = 0
+    kernels_remeasured: int = 0
+    features_repaired: int = 0
+    skipped_extraction: int = 0
+    models_measured: int = 0
+    retests: int = 0
+    synthetic_specs: int = 0
+    elapsed_s: float = 0.0
+    failed_variants: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+Progress = Callable[[str, int, int, str], None]     # (phase, done, total, item)
+
+
+def _import(variant: sampling.ModelVariant) -> Any:
+    from hetpart import api
+
+    return api.import_model(variant.model, batch=variant.batch, size=variant.size).mod
+
+
+def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler | None = None,
+                variants: Sequence[sampling.ModelVariant] | None = None, synthetic: bool = True,
+                max_synthetic: int = 600, zoo_budget_share: float = 0.6, retest_count: int = 40,
+                synthetic_chunk: int = 24, progress: Progress | None = None,
+                load_module: Callable[[sampling.ModelVariant], Any] = _import) -> ZooProfileSummary:
+    """The profiling campaign of the module docstring; safe to kill and rerun (nothing is measured twice).
+
+    ``load_module(variant)`` gives the variant's Relax module (default: the zoo model via hetpart.api).
+    """
+    start = time.monotonic()
+    left = lambda: budget_s - (time.monotonic() - start)   # noqa: E731
+    profiler = profiler or KernelProfiler("cpu")
+    variants = list(variants if variants is not None else sampling.zoo_variants())
+    ident = (profiler.device, profiler.target, profiler.tvm_version)
+    summary = ZooProfileSummary(variants=len(variants))
+
+    def on_kernel(done: int, total: int, name: str, status: str) -> None:
+        if progress is not None:
+            progress("kernels", done, total, f"{name} {status}")
+
+    with ProfileStore(db_path) as store, ModelDatabase(db_path) as models:
+        candidates, seeds = [], []
+        stored = {m.key_hash: m for m in store.measurements(device=profiler.device, status=None,
+                                                            target=profiler.target, tvm_version=profiler.tvm_version)}
+        known = {r.name: r for r in models.variants(*ident)}
+        for k, variant in enumerate(variants):
+            record = known.get(variant.name)
+            if record is not None and record.aligned and all(
+                    key == "" or (key in stored and stored[key].status != "rejected_noisy") for key in record.node_keys):
+                summary.skipped_extraction += 1       # every kernel measured: nothing to extract again
+                if variant.tier == sampling.TIER_ZOO_DEFAULT:
+                    seeds += list(record.graph.nodes)
+                continue
+            try:
+                kernels = map_kernels(load_module(variant), variant.name, profiler)
+            except HetpartError as exc:
+                summary.failed_variants[variant.name] = f"{type(exc).__name__}: {exc}"
+                logger.warning("skipping %s: its kernels cannot be profiled (%s)", variant.name, exc)
+                continue
+            summary.aligned += kernels.aligned
+            summary.fallback_tir += not kernels.aligned
+            models.put_variant(variant.name, *ident, variant.family, variant.tier, kernels.aligned, kernels.graph,
+                               kernels.node_keys, profiler.session_id)
+            candidates += candidates_of(kernels, variant.tier)
+            summary.features_repaired += repair_features(store, kernels, stored)
+            if variant.tier == sampling.TIER_ZOO_DEFAULT:
+                seeds += list(kernels.graph.nodes)
+            if progress is not None:
+                progress("extract", k + 1, len(variants), variant.name)
+        ordered = sampling.prioritise(candidates)
+        summary.zoo_candidates = len(ordered)
+        logger.info("%d model variants -> %d distinct zoo kernels (%d aligned, %d fell back to TIR features); "
+                    "%.0f s used for extraction", len(variants), len(ordered), summary.aligned,
+                    summary.fallback_tir, budget_s - left())
+        run = profile_workloads(store, [c.workload for c in ordered], profiler,
+                                max(0.0, zoo_budget_share * budget_s - (budget_s - left())), on_kernel)
+        summary.kernels_measured += run.measured
+        summary.kernels_skipped += run.skipped
+        summary.kernels_not_started += run.not_started
+
+        summary.kernels_remeasured = remeasure_noisy(store, [c.workload for c in ordered], profiler, left)
+
+        # whole-model latencies of variants whose kernels are all measured (not yet timed, or timed noisily)
+        measured = {m.key_hash for m in store.measurements(device=profiler.device, status=None,
+                                                           target=profiler.target,
+                                                           tvm_version=profiler.tvm_version)}
+        reject = profiler.protocol.reject_spread
+        todo = [r for r in models.variants(*ident) if r.aligned and set(r.node_keys) - {""} <= measured
+                and (r.model_median_us is None or (r.model_spread or 0.0) > reject)]
+        by_name = {v.name: v for v in variants}
+        for k, record in enumerate(todo):
+            if left() <= 0 or record.name not in by_name:
+                continue
+            try:
+                median, spread, canary = measure_model(load_module(by_name[record.name]), profiler,
+                                                       getattr(profiler, "windows", 3))
+            except (HetpartError, RuntimeError) as exc:   # TVM build/run failures are RuntimeErrors
+                logger.warning("whole-model timing of %s failed: %s", record.name, exc)
+                continue
+            if record.model_median_us is not None and spread >= (record.model_spread or 0.0):
+                continue      # the earlier (noisy) timing was still the better one
+            models.set_model_latency(record.name, *ident, median, spread, canary, profiler.session_id)
+            summary.models_measured += 1
+            logger.info("model %s: %.1f us (spread %.1f%%)", record.name, median, 100 * spread)
+            if progress is not None:
+                progress("models", k + 1, len(todo), record.name)
+
+        # retests for the noise floor: a deterministic sample of measured kernels, in a later window
+        done_retests = {r.key_hash for r in models.retests(*ident)}
+        pool = [c.workload for c in ordered if c.key_hash in measured and c.key_hash not in done_retests]
+        wanted = max(0, retest_count - len(done_retests))
+        picks = [pool[i] for i in np.random.default_rng(0).permutation(len(pool))[:wanted]]
+        for k, w in enumerate(picks):
+            if left() <= 0:
+                break
+            m = profiler.measure(w)
+            if m.status != "failed" and m.median_us and m.canary_us:
+                models.add_retest(w.key_hash, *ident, m.median_us, m.spread or 0.0, m.canary_us,
+                                  profiler.session_id)
+                summary.retests += 1
+            if progress is not None:
+                progress("retest", k + 1, len(picks), w.name)
+
+        # synthetic variations with what is left, extracted chunk by chunk (cheapest expected cost first)
+        if synthetic and left() > 0:
+            specs = sampling.synthetic_specs(seeds, max_specs=max_synthetic)
+            summary.synthetic_specs = len(specs)
+            done_specs = models.synthetic_done(*ident)
+            specs = sorted((s for s in specs if s.name not in done_specs), key=_spec_cost)
+            for first in range(0, len(specs), synthetic_chunk):
+                if left() <= 0:
+                    summary.kernels_not_started += len(specs) - first
+                    break
+                chunk, names = [], [s.name for s in specs[first:first + synthetic_chunk]]
+                for spec in specs[first:first + synthetic_chunk]:
+                    chunk += candidates_of(map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler),
+                                           sampling.TIER_SYNTHETIC)
+                run = profile_workloads(store, [c.workload for c in sampling.prioritise(chunk)], profiler,
+                                        max(0.0, left()), on_kernel)
+                summary.kernels_measured += run.measured
+                summary.kernels_skipped += run.skipped
+                summary.kernels_not_started += run.not_started
+                if run.not_started == 0 and run.claimed_elsewhere == 0:
+                    models.mark_synthetic_done(names, *ident)
+        summary.elapsed_s = time.monotonic() - start
+        models.record_run(profiler.session_id, profiler.device, budget_s, summary.elapsed_s,
+                          dataclasses.asdict(summary))
+    return summary
+
+
+def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
+               variants: Sequence[sampling.ModelVariant] | None = None,
+               load_module: Callable[[sampling.ModelVariant], Any] = _import) -> dict[str, int]:
+    """Measure every stored zoo kernel and whole model once more; keep whichever median is lower.
+
+    Contention on a shared machine only ever adds time, so over several sessions the lowest median is the best
+    estimate of a kernel's own latency (the same rule :class:`BestWindowProfiler` applies within a session).
+    Variants are visited in tier order until ``budget_s`` runs out; the run is logged in the database.
+    """
+    start = time.monotonic()
+    left = lambda: budget_s - (time.monotonic() - start)   # noqa: E731
+    ident = (profiler.device, profiler.target, profiler.tvm_version)
+    counts = {"kernels": 0, "kernels_lowered": 0, "models": 0, "models_lowered": 0, "variants_skipped": 0}
+    with ProfileStore(db_path) as store, ModelDatabase(db_path) as models:
+        stored = {m.key_hash: m for m in store.measurements(profiler.device, "ok", profiler.target,
+                                                            profiler.tvm_version)}
+        known = {r.name: r for r in models.variants(*ident)}
+        seen: set[str] = set()
+        for variant in variants if variants is not None else sampling.zoo_variants():
+            record = known.get(variant.name)
+            if left() <= 0 or record is None or not record.aligned:
+                counts["variants_skipped"] += record is not None or left() <= 0
+                continue
+            mod = load_module(variant)
+            kernels = map_kernels(mod, variant.name, profiler)
+            if kernels.node_keys != record.node_keys:
+                logger.warning("%s: its kernels changed since it was profiled; profile it again instead", variant.name)
+                counts["variants_skipped"] += 1
+                continue
+            for w in kernels.workloads:
+                old = stored.get(w.key_hash)
+                if w.key_hash in seen or old is None or left() <= 0:
+                    continue
+                seen.add(w.key_hash)
+                new = profiler.measure(w)
+                counts["kernels"] += 1
+                if new.status == "ok" and new.median_us < old.median_us:
+                    store.add(new, replace=True)
+                    stored[w.key_hash] = new
+                    counts["kernels_lowered"] += 1
+            if record.model_median_us is not None and left() > 0:
+                median, spread, canary = measure_model(mod, profiler, getattr(profiler, "windows", 3))
+                counts["models"] += 1
+                if median < record.model_median_us:
+                    models.set_model_latency(variant.name, *ident, median, spread, canary, profiler.session_id)
+                    counts["models_lowered"] += 1
+            logger.info("refined %s: %s", variant.name, counts)
+        models.record_run(profiler.session_id, profiler.device, budget_s, time.monotonic() - start,
+                          {"refine": counts})
+    return counts
+
+
+def repair_features(store: ProfileStore, kernels: ModelKernels, stored: dict[str, Any]) -> int:
+    """Give rows stored with TIR-derived features (an earlier, failed alignment) their kernel-graph features.
+
+    Only the features change; the timing data of the row is kept. Returns how many rows were rewritten.
+    """
+    if not kernels.aligned:
+        return 0
+    repaired = 0
+    for w in kernels.workloads:
+        old = stored.get(w.key_hash)
+        if old is not None and old.features.get("tags", {}).get("source") == "tir":
+            new = dataclasses.replace(old, features=w.features, row_id=None)
+            store.add(new, replace=True)
+            stored[w.key_hash] = new
+            repaired += 1
+    if repaired:
+        logger.info("%s: %d stored kernels got kernel-graph features in place of TIR-derived ones", kernels.name,
+                    repaired)
+    return repaired
+
+
+def remeasure_noisy(store: ProfileStore, workloads: Sequence[KernelWorkload], profiler: KernelProfiler,
+                    left: Callable[[], float]) -> int:
+    """Measure again the workloads stored as ``rejected_noisy`` (their rows are replaced); returns how many
+    became ``ok``. Run when the machine may be quieter than at the first attempt."""
+    noisy = {m.key_hash for m in store.measurements(device=profiler.device, status="rejected_noisy",
+                                                    target=profiler.target, tvm_version=profiler.tvm_version)}
+    todo = [w for w in workloads if w.key_hash in noisy]
+    if not todo or left() <= 0:
+        return 0
+    run = profile_workloads(store, todo, profiler, left(), retry=("rejected_noisy",), noisy_passes=0)
+    logger.info("re-measured %d noisy kernels: %s", run.measured, run.statuses)
+    return run.statuses.get("ok", 0)
+
+
+def _spec_cost(spec: sampling.SyntheticSpec) -> float:
+    p = spec.params
+    if spec.op == "conv2d":
+        out = p["n"] * p["co"] * (p["hw"] // p["stride"]) ** 2
+        flops, nbytes = 2.0 * out * p["ci"] * p["k"] ** 2, 4.0 * (out + p["n"] * p["ci"] * p["hw"] ** 2)
+    elif spec.op in ("depthwise_conv2d", "max_pool2d"):
+        out = p["n"] * p["c"] * (p["hw"] // p["stride"]) ** 2
+        flops, nbytes = 2.0 * out * p["k"] ** 2, 4.0 * (out + p["n"] * p["c"] * p["hw"] ** 2)
+    elif spec.op == "matmul":
+        flops, nbytes = 2.0 * p["m"] * p["n"] * p["k"], 4.0 * (p["m"] * p["k"] + p["k"] * p["n"] + p["m"] * p["n"])
+    else:
+        flops = nbytes = 12.0 * p["n"] * p["c"] * p["hw"] ** 2
+    return sampling.expected_measure_s(flops, nbytes)

@@ -1,0 +1,97 @@
+"""Workload sampling: zoo variants, synthetic variations, dedupe and budget ordering."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hetpart.errors import PredictorError
+from predictors import sampling
+from predictors.features import kernel_kind
+from predictors.sampling import Candidate, SyntheticSpec
+from tests.predictors.synthetic_kernels import conv_node, elementwise_node, matmul_node, pool_node
+
+
+def test_zoo_variants_put_every_default_model_first_with_unique_names():
+    from models import ZOO
+
+    variants = sampling.zoo_variants()
+    tiers = [v.tier for v in variants]
+    assert tiers == sorted(tiers)
+    defaults = [v for v in variants if v.tier == sampling.TIER_ZOO_DEFAULT]
+    assert {v.model for v in defaults} == set(ZOO)
+    assert all(v.batch == 1 and v.size == ZOO[v.model].default_size for v in defaults)
+    assert len({v.name for v in variants}) == len(variants)
+    assert any(v.batch > 1 for v in variants) and any(v.size != ZOO[v.model].default_size for v in variants)
+    assert sampling.zoo_variants(include_variants=False, models=["resnet18"])[0].name == "resnet18_b1_s224"
+    with pytest.raises(PredictorError, match="unknown zoo model"):
+        sampling.zoo_variants(models=["alexnet"])
+
+
+def test_prioritise_dedupes_by_key_keeping_the_lowest_tier_and_orders_by_tier_then_cost():
+    cands = [Candidate("a", 2, 5.0, "syn"), Candidate("a", 0, 9.0, "zoo"), Candidate("b", 1, 1.0, "zoo2"),
+             Candidate("c", 0, 3.0, "zoo"), Candidate("c", 0, 2.0, "zoo_again"), Candidate("d", 2, 0.5, "syn")]
+    ordered = sampling.prioritise(cands)
+    assert [c.key_hash for c in ordered] == ["c", "a", "b", "d"]
+    assert ordered[0].source == "zoo_again" and ordered[1].tier == 0      # cheapest / lowest tier won
+    with pytest.raises(PredictorError, match="expected_s"):
+        sampling.prioritise([Candidate("x", 0, float("nan"), "zoo")])
+
+
+def test_fits_budget_takes_the_prefix_that_fits():
+    ordered = sampling.prioritise([Candidate(str(i), 0, float(i + 1), "zoo") for i in range(10)])
+    chosen = sampling.fits_budget(ordered, budget_s=10.0)
+    assert [c.key_hash for c in chosen] == ["0", "1", "2", "3"]        # 1 + 2 + 3 + 4 = 10
+    assert sampling.fits_budget(ordered, budget_s=0.5) == []
+
+
+def test_expected_cost_grows_with_work_and_never_drops_below_compile_time():
+    small = sampling.expected_measure_s(1e3, 1e3)
+    big = sampling.expected_measure_s(1e11, 1e8)
+    assert sampling.COMPILE_S < small < big
+    assert sampling.expected_measure_s(1e3, 1e3) == sampling.expected_measure_s(2e3, 2e3)   # floor: min repeat
+
+
+def test_synthetic_specs_vary_one_parameter_around_zoo_kernels_and_dedupe():
+    seeds = [conv_node(0, 1, 64, 64, 56, 3), conv_node(1, 1, 64, 64, 56, 3),        # duplicate geometry
+             conv_node(2, 1, 96, 96, 28, 3, groups=96), matmul_node(3, 128, 256, 512), pool_node(4, 1, 64, 112, 3, 2),
+             elementwise_node(5, (1, 64, 56, 56))]
+    specs = sampling.synthetic_specs(seeds)
+    assert len(specs) == len(set(specs)) == len({s.name for s in specs})
+    ops = {s.op for s in specs}
+    assert ops == {"conv2d", "depthwise_conv2d", "matmul", "max_pool2d", "add_relu"}
+    base = {"ci": 64, "co": 64, "hw": 56, "k": 3, "n": 1, "stride": 1}
+    for spec in (s for s in specs if s.op == "conv2d"):
+        changed = [k for k, v in spec.params.items() if base[k] != v]
+        assert len(changed) == 1, spec                                    # one parameter varied at a time
+    assert any(s.params["n"] > 1 for s in specs if s.op == "conv2d")      # batch is varied too
+    assert SyntheticSpec.of("conv2d", **base) not in specs                 # the seed itself is not repeated
+    few = sampling.synthetic_specs(seeds, max_specs=5, seed=1)
+    assert len(few) == 5 and set(few) <= set(specs)
+    assert few == sampling.synthetic_specs(seeds, max_specs=5, seed=1)    # seeded
+
+
+def test_synthetic_spec_rejects_wrong_parameters():
+    with pytest.raises(PredictorError, match="needs parameters"):
+        SyntheticSpec.of("conv2d", n=1, ci=3)
+    with pytest.raises(PredictorError, match=">= 1"):
+        SyntheticSpec.of("matmul", m=0, k=4, n=4)
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("spec, kind, shape", [
+    (SyntheticSpec.of("conv2d", n=2, ci=16, co=32, hw=20, k=3, stride=2), "conv2d", (2, 32, 10, 10)),
+    (SyntheticSpec.of("depthwise_conv2d", n=1, c=24, hw=16, k=3, stride=1), "depthwise_conv2d", (1, 24, 16, 16)),
+    (SyntheticSpec.of("matmul", m=8, k=64, n=40), "matmul", (8, 40)),
+    (SyntheticSpec.of("max_pool2d", n=1, c=8, hw=16, k=3, stride=2), "pool", (1, 8, 8, 8)),
+    (SyntheticSpec.of("add_relu", n=1, c=8, hw=8), "elementwise", (1, 8, 8, 8)),
+])
+def test_synthetic_modules_extract_to_one_kernel_of_the_intended_kind(spec, kind, shape):
+    from tvm_passes.extract import extract_op_graph
+
+    graph = extract_op_graph(sampling.build_synthetic_module(spec), name=spec.name).kernel_graph()
+    assert graph.num_ops == 1
+    node = graph.nodes[0]
+    assert kernel_kind(node) == kind
+    assert tuple(node.output_shapes[0]) == shape
+    assert node.param_bytes > 0 or spec.op == "max_pool2d"               # weights are constants, like the zoo
+    assert np.isfinite(node.flops)
