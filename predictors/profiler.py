@@ -155,6 +155,14 @@ def _fuse_for_deployment(mod: tvm.IRModule, target: tvm.target.Target, pipeline:
     return fused
 
 
+def _flatten_types(types: Any) -> list[Any]:
+    """call_tir output types with tuple outputs (e.g. a fused split) flattened to their tensor fields."""
+    out: list[Any] = []
+    for ty in types:
+        out.extend(_flatten_types(ty.fields) if isinstance(ty, relax.TupleType) else [ty])
+    return out
+
+
 def _tensor_type(ty: Any, what: str) -> tuple[tuple[int, ...], str]:
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         raise PredictorError(f"{what}: only tensors with static shapes can be profiled; found {ty}")
@@ -207,7 +215,7 @@ def kernels_of_module(mod: tvm.IRModule, target: tvm.target.Target | None = None
                 continue
             order.append(h)
             found[h] = {"func": func, "names": [gvar.name_hint], "args": list(args.fields),
-                        "out": list(call.ty_args)}
+                        "out": _flatten_types(call.ty_args)}
     workloads = []
     for h in order:
         entry = found[h]

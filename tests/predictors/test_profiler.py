@@ -98,6 +98,22 @@ def test_standalone_kernel_module_computes_the_fused_op(by_kind):
     np.testing.assert_allclose(got, conv_add_relu_reference(x, w, b), rtol=1e-4, atol=1e-4)
 
 
+def test_kernel_with_tuple_outputs_is_profiled():
+    """A fused split returns several tensors (the LSTM's gates); such kernels used to raise PredictorError."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4, 16], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            parts = bb.emit(relax.op.split(relax.op.add(x, x), 2, axis=1))
+            out = bb.emit_output(relax.Tuple([relax.TupleGetItem(parts, 0), relax.TupleGetItem(parts, 1)]))
+        bb.emit_func_output(out)
+    workloads = kernels_of_module(bb.get())
+    multi = [w for w in workloads if len(w.output_shapes) == 2]
+    assert multi and multi[0].output_shapes == ((4, 8), (4, 8))
+    result = KernelProfiler(protocol=TimingProtocol(repeat=3, min_repeat_us=100)).measure(multi[0])
+    assert result.status == "ok" and result.median_us > 0
+
+
 def test_kernel_workload_json_round_trip(by_kind):
     conv = by_kind["fused_conv2d_add_relu"]
     back = KernelWorkload.from_dict(json.loads(json.dumps(conv.to_dict())))
