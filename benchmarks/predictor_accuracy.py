@@ -9,7 +9,7 @@ against the goals:
 * whole model, leave-one-model-out: MAPE <= 7 %, worst <= 20 %;
 * profile + fit <= 60 min (profiling wall time recorded per run in the database); fit alone <= 60 s.
 
-    python benchmarks/predictors.py --db ~/.cache/hetpart/profiles.sqlite   # -> benchmarks/results/predictors.*
+    python benchmarks/predictor_accuracy.py --db ~/.cache/hetpart/profiles.sqlite   # -> benchmarks/results/predictors.*
 
 ``--profile-log`` adds runs that predate the database's run table: it reads the ``profile summary:`` line(s)
 that ``hetpart profile`` logs (their measured ``elapsed_s``).
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         report["profile_runs_from_logs"] = extra
         report["profile_seconds_total"] = report.get("profile_seconds_total", 0.0) + sum(r["elapsed_s"] for r in extra)
     report["host"] = f"{platform.node()} ({platform.processor() or platform.machine()})"
-    command = "python benchmarks/predictors.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/predictor_accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report["command"] = command
     (args.out / "predictors.json").write_text(json.dumps(report, indent=1))
     (args.out / "predictors.md").write_text(render_markdown(report, command))
