@@ -123,7 +123,7 @@ class CompiledModel:
     def save(self, directory: str | Path) -> Path:
         """Write library, manifest, plans, costs and report to ``directory`` atomically (temp dir + rename)."""
         from hetpart.report import write_report
-        from tvm_passes.build import export
+        from tvm_passes.artifact import export
 
         target = Path(directory).resolve()
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ class CompiledRuntime:
         import tvm
         from tvm import relax
 
-        from tvm_passes.build import MANIFEST_NAME, BuildManifest
+        from tvm_passes.artifact import MANIFEST_NAME, BuildManifest
 
         self.directory = Path(directory)
         manifest_path = self.directory / MANIFEST_NAME

@@ -15,9 +15,9 @@ from hetpart.errors import BuildError, InputMismatchError  # noqa: E402
 from hetpart.plan import Plan  # noqa: E402
 from tvm_passes import build as build_module  # noqa: E402
 from tvm_passes.annotate import AnnotateDevicePlacement, op_bindings  # noqa: E402
-from tvm_passes.build import (BuildManifest, build, check_cuda_kernels, check_single_device_kernels,  # noqa: E402
-                              compile_cuda_source_with_nvcc, cuda_available, cuda_kernel_names, export,
-                              kernel_calls)
+from tvm_passes.artifact import BuildManifest, _all_modules, export  # noqa: E402
+from tvm_passes.build import (build, check_cuda_kernels, check_single_device_kernels,  # noqa: E402
+                              compile_cuda_source_with_nvcc, cuda_available, cuda_kernel_names, kernel_calls)
 
 pytestmark = pytest.mark.tvm
 
@@ -270,7 +270,7 @@ def test_cuda_build_turns_every_gpu_kernel_into_cuda(cuda_build, tmp_path):
     kernels = check_cuda_kernels(cuda_build)
     assert all(any(k.startswith(n + "_kernel") for k in kernels) for n in names)
     assert not cuda_build.manifest.emulated
-    assert {m.kind for m in build_module._all_modules(cuda_build.executable.mod)} >= {"llvm", "cuda"}
+    assert {m.kind for m in _all_modules(cuda_build.executable.mod)} >= {"llvm", "cuda"}
     exported = export(cuda_build, tmp_path)          # the artifact a GPU machine would load
     assert exported.library_path.stat().st_size > 0
 
