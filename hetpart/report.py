@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from hetpart.costs import CostTable
 from hetpart.graph import OpGraph
 from hetpart.plan import Plan, Timeline
@@ -215,6 +213,3 @@ def write_report(data: ReportData, out_dir: str | Path) -> dict[str, Path]:
     (out / "report.html").write_text(_markdown_to_html(text, f"hetpart report: {data.graph.name}"))
     return {"markdown": out / "report.md", "html": out / "report.html", "gantt": gantt, "graph": graph}
 
-
-def as_jsonable(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: (float(v) if isinstance(v, (np.floating,)) else v) for k, v in values.items()}

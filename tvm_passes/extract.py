@@ -161,7 +161,6 @@ class _Extractor:
         return []
 
     def run(self, bindings_of_ops: list) -> None:
-        import tvm
         from tvm import relax
 
         op_set = {b.var for b in bindings_of_ops}
@@ -169,9 +168,7 @@ class _Extractor:
             for b in block.bindings:
                 if b.var in op_set:
                     self._add_op(b)
-                elif isinstance(b, relax.VarBinding):
-                    self.origin[b.var] = self._sources(b.value)
-                elif isinstance(b, relax.MatchCast):
+                elif isinstance(b, (relax.VarBinding, relax.MatchCast)):   # alias / TupleGetItem / Tuple
                     self.origin[b.var] = self._sources(b.value)
 
     def _operand_bytes(self, arg) -> list[int]:
