@@ -21,7 +21,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from hetpart.graph import OpGraph
-from predictors.profiler import KernelProfiler, KernelWorkload, _fuse_for_deployment, kernels_of_module
+from predictors.profiler import (KernelProfiler, KernelWorkload, _fuse_for_deployment, flatten_tensor_types,
+                                 kernels_of_module)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def deployment_calls(mod: Any, target: Any, pipeline: Any) -> list[tuple[str, tu
             value = binding.value
             if isinstance(value, relax.Call) and value.op.same_as(call_tir):
                 shapes = []
-                for ty in value.ty_args:
+                for ty in flatten_tensor_types(value.ty_args):   # a fused split returns a tuple of tensors
                     try:
                         shapes.append(tuple(int(d) for d in ty.shape.values))
                     except (AttributeError, TypeError, ValueError):

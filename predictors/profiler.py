@@ -155,11 +155,11 @@ def _fuse_for_deployment(mod: tvm.IRModule, target: tvm.target.Target, pipeline:
     return fused
 
 
-def _flatten_types(types: Any) -> list[Any]:
+def flatten_tensor_types(types: Any) -> list[Any]:
     """call_tir output types with tuple outputs (e.g. a fused split) flattened to their tensor fields."""
     out: list[Any] = []
     for ty in types:
-        out.extend(_flatten_types(ty.fields) if isinstance(ty, relax.TupleType) else [ty])
+        out.extend(flatten_tensor_types(ty.fields) if isinstance(ty, relax.TupleType) else [ty])
     return out
 
 
@@ -215,7 +215,7 @@ def kernels_of_module(mod: tvm.IRModule, target: tvm.target.Target | None = None
                 continue
             order.append(h)
             found[h] = {"func": func, "names": [gvar.name_hint], "args": list(args.fields),
-                        "out": _flatten_types(call.ty_args)}
+                        "out": flatten_tensor_types(call.ty_args)}
     workloads = []
     for h in order:
         entry = found[h]
