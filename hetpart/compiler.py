@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -226,8 +226,7 @@ def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str
                                    f"{list(choice.devices.names)}")
         say(f"using the given plan ({chosen.method}), re-simulated")
         timeline = simulate(graph, costs, chosen)
-        chosen = Plan(**{**chosen.__dict__, "makespan_us": timeline.makespan_us,
-                         "pins": dict(pins or chosen.pins)}).validate(graph)
+        chosen = replace(chosen, makespan_us=timeline.makespan_us, pins=dict(pins or chosen.pins)).validate(graph)
     else:
         say(f"partitioning with {method}")
         chosen = get_method(method)(graph, costs, config)

@@ -18,7 +18,7 @@ import numpy as np
 
 from hetpart.devices import DeviceSet
 from hetpart.errors import InvalidCostTableError, MissingCostError, SchemaError
-from hetpart.graph import SCHEMA_VERSION, OpGraph
+from hetpart.graph import SCHEMA_VERSION, OpGraph, check_schema_version
 
 SOURCES = ("measured", "predicted", "analytic")
 
@@ -132,9 +132,7 @@ class CostTable:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CostTable":
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise SchemaError(f"CostTable JSON must have schema_version={SCHEMA_VERSION}; "
-                              f"found {data.get('schema_version')!r}")
+        check_schema_version(data, "CostTable")
         try:
             lat = np.array([[np.nan if v is None else v for v in row] for row in data["latency_us"]], dtype=float)
             devices = DeviceSet.from_dict(data["devices"])

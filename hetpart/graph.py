@@ -35,7 +35,10 @@ def _tuple_of_shapes(values: Iterable[Iterable[int]]) -> tuple[Shape, ...]:
     return tuple(tuple(int(d) for d in s) for s in values)
 
 
-def _check_version(data: Mapping[str, Any], what: str) -> None:
+def check_schema_version(data: Any, what: str) -> None:
+    """Shared by every JSON type of the core: ``data`` must be an object with the current schema_version."""
+    if not isinstance(data, Mapping):
+        raise SchemaError(f"{what} JSON must be an object; found {type(data).__name__}")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise SchemaError(
@@ -366,9 +369,7 @@ class OpGraph:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "OpGraph":
-        if not isinstance(data, Mapping):
-            raise SchemaError(f"OpGraph JSON must be an object; found {type(data).__name__}")
-        _check_version(data, "OpGraph")
+        check_schema_version(data, "OpGraph")
         try:
             graph = cls(
                 nodes=tuple(OpNode.from_dict(n) for n in data["nodes"]),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hetpart.errors import InvalidPlanError, PinError, SchemaError
-from hetpart.graph import SCHEMA_VERSION, OpGraph
+from hetpart.graph import SCHEMA_VERSION, OpGraph, check_schema_version
 
 
 def resolve_pins(graph: OpGraph, pins: Mapping[str, str], device_names: Sequence[str]) -> dict[int, str]:
@@ -116,9 +116,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
-        if not isinstance(data, Mapping) or data.get("schema_version") != SCHEMA_VERSION:
-            found = data.get("schema_version") if isinstance(data, Mapping) else type(data).__name__
-            raise SchemaError(f"Plan JSON must have schema_version={SCHEMA_VERSION}; found {found!r}")
+        check_schema_version(data, "Plan")
         try:
             return cls(device_of=data["device_of"], order=data["order"], devices=data["devices"],
                        method=data["method"], makespan_us=data.get("makespan_us"), pins=data.get("pins", {}),
