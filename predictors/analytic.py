@@ -20,6 +20,7 @@ import numpy as np
 from hetpart.devices import GPU_PRESETS, DeviceSpec, Link, gpu_from_preset, preset_links
 from hetpart.errors import PredictorError, UnknownDeviceError
 from hetpart.graph import OpNode
+from predictors.context import ContextTerms
 from predictors.features import KINDS, kernel_kind
 
 # (compute efficiency, memory-bandwidth efficiency) per kernel kind — ASSUMED, not measured.
@@ -53,7 +54,7 @@ class AnalyticGpuModel:
             if kind not in KINDS or not (0 < compute <= 1 and 0 < memory <= 1):
                 raise PredictorError(f"efficiency for {kind!r} must be a known kind ({', '.join(KINDS)}) with both "
                                      f"factors in (0, 1]; found ({compute}, {memory})")
-        self.per_kernel_overhead_us = 0.0     # the launch overhead is already inside every kernel's latency
+        self.context = ContextTerms(0.0, 0.0)  # the launch overhead is already inside every kernel's latency
         self.target = {"kind": "cuda", "arch": self.preset.arch}
 
     def predict(self, nodes: Sequence[OpNode]) -> np.ndarray:

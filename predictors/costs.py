@@ -3,8 +3,9 @@
 Each device of the :class:`~hetpart.devices.DeviceSet` needs a predictor: any object with
 ``predict(nodes) -> np.ndarray`` (µs) and a ``source`` attribute — ``"predicted"`` for a fitted
 :class:`~predictors.polynomial.DevicePredictor`, ``"analytic"`` for :class:`~predictors.analytic.AnalyticGpuModel`.
-Entries found in ``measured`` replace predictions and are labelled ``"measured"``. Copy links come from the
-DeviceSet (the CostTable reads them from there).
+On a kernel-level graph a predictor's ``predict_in_context`` (when it has one) gives the kernel's latency inside
+a model, not in isolation. Entries found in ``measured`` replace predictions and are labelled ``"measured"``.
+Copy links come from the DeviceSet (the CostTable reads them from there).
 
 Support (unless ``supported`` is given): every op runs on a CPU. On a GPU, ops that compute only shapes or
 metadata (``node.shape_only``, or shape ops such as ``shape_of`` / ``tensor_to_shape`` / ``shape_to_tensor``)
@@ -73,7 +74,7 @@ def build_cost_table(graph: OpGraph, predictors: Mapping[str, Any], devices: Dev
             if label not in SOURCES:
                 raise PredictorError(f"predictor for {name!r} has source {label!r}; expected one of {SOURCES}")
             if len(rows):
-                values = np.asarray(predictor.predict([graph.nodes[i] for i in rows]), dtype=np.float64)
+                values = np.asarray(predict(predictor, [graph.nodes[i] for i in rows], graph.level), dtype=np.float64)
                 if values.shape != (len(rows),) or not np.all(np.isfinite(values)) or np.any(values < 0):
                     raise PredictorError(f"predictor for {name!r} returned invalid latencies (must be finite, "
                                          f">= 0, one per op); got shape {values.shape}")
@@ -92,6 +93,14 @@ def build_cost_table(graph: OpGraph, predictors: Mapping[str, Any], devices: Dev
     logger.info("cost table for %s (%d %ss): sources %s", graph.name, n, graph.level,
                 {s: int((table.source == s).sum()) for s in SOURCES})
     return table
+
+
+def predict(predictor: Any, nodes: list[OpNode], level: str) -> np.ndarray:
+    """Kernels: latency inside a model (``predict_in_context`` when the predictor has it: isolated latency plus
+    the fitted per-kernel overhead and cold-weight time, :mod:`predictors.context`). Ops: isolated latency."""
+    if level == "kernel" and hasattr(predictor, "predict_in_context"):
+        return predictor.predict_in_context(nodes)
+    return predictor.predict(nodes)
 
 
 def _fully_measured(measured: Mapping[str, Mapping[int, float]] | None, device: str, n: int) -> bool:

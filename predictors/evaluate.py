@@ -3,7 +3,8 @@
 A dataset maps a model name to :class:`ModelRecord` (or a tuple ``(kernel nodes, measured kernel latencies µs,
 measured whole-model latency µs, family)``). For each split (leave-one-model-out, leave-one-family-out) every
 method is fitted on the kernels and whole-model latencies of the training models only, then predicts the
-held-out models' kernels and whole-model latency (sum of kernel predictions + fitted per-kernel overhead). The
+held-out models' kernels and whole-model latency (sum of kernel predictions + the fitted in-model terms of
+:mod:`predictors.context`: per-kernel overhead and cold weights). The
 methods are the polynomial :class:`~predictors.polynomial.DevicePredictor` and the baselines of
 :mod:`predictors.baselines`, all on the same split. The report states plainly where the polynomial loses.
 
@@ -28,7 +29,8 @@ from hetpart.errors import PredictorError
 from hetpart.graph import OpNode
 from predictors.baselines import BASELINES
 from predictors.features import kernel_kind
-from predictors.polynomial import DevicePredictor, fit_per_kernel_overhead_us
+from predictors.context import fit_context_terms
+from predictors.polynomial import DevicePredictor
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +138,8 @@ def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, st
                 start = time.perf_counter()
                 predictor = factory().fit(nodes, lat)
                 acc[name]["fit_s"].append(time.perf_counter() - start)
-                overhead = fit_per_kernel_overhead_us(predictor, [(records[n].nodes, records[n].model_latency_us)
-                                                                  for n in train])
+                context = fit_context_terms(predictor, [(records[n].nodes, records[n].model_latency_us)
+                                                        for n in train])
                 preds = {n: np.asarray(predictor.predict(records[n].nodes), dtype=float) for n in test}
             for w in caught:     # counted, not repeated: extrapolation is expected when a model is held out
                 key = w.category.__name__
@@ -148,8 +150,8 @@ def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, st
                 acc[name]["p"].extend(pred.tolist())
                 acc[name]["kind"].extend(kernel_kind(node) for node in rec.nodes)
                 acc[name]["models"][n] = {"measured_us": rec.model_latency_us,
-                                          "predicted_us": float(pred.sum() + len(rec.nodes) * overhead),
-                                          "held_out_group": held, "per_kernel_overhead_us": overhead}
+                                          "predicted_us": float(pred.sum() + context.extra_us(rec.nodes).sum()),
+                                          "held_out_group": held, "context": context.to_dict()}
         if progress is not None:
             progress(split_name, done + 1, len(groups))
         logger.info("%s: held out %s (%d/%d)", split_name, held, done + 1, len(groups))

@@ -21,7 +21,7 @@ import numpy as np
 
 from hetpart.graph import OpNode
 
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 2
 
 KINDS = ("conv2d", "depthwise_conv2d", "matmul", "pool", "elementwise", "reduction", "data_movement", "other")
 
@@ -32,8 +32,8 @@ _POOL_OPS = {"nn.max_pool1d", "nn.max_pool2d", "nn.max_pool3d", "nn.avg_pool1d",
              "nn.adaptive_avg_pool1d", "nn.adaptive_avg_pool2d", "nn.adaptive_avg_pool3d"}
 _REDUCTION_OPS = {"nn.softmax", "nn.log_softmax", "nn.layer_norm", "nn.group_norm", "nn.rms_norm", "nn.instance_norm",
                   "mean", "sum", "max", "min", "prod", "variance", "std", "argmax", "argmin", "cumsum", "cumprod"}
-_DATA_MOVEMENT_OPS = {"reshape", "permute_dims", "concat", "take", "split", "strided_slice", "dynamic_strided_slice",
-                      "squeeze", "expand_dims", "flatten", "broadcast_to", "repeat", "tile", "flip", "gather_elements",
+_DATA_MOVEMENT_OPS = {"reshape", "permute_dims", "concat", "stack", "take", "split", "strided_slice",
+                      "dynamic_strided_slice", "squeeze", "expand_dims", "flatten", "broadcast_to", "repeat", "tile", "flip", "gather_elements",
                       "gather_nd", "scatter_elements", "scatter_nd", "layout_transform", "nn.pad", "collapse_sum_to",
                       "collapse_sum_like", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like",
                       "shape_of", "tensor_to_shape", "shape_to_tensor", "arange", "one_hot", "index_tensor"}
@@ -44,6 +44,15 @@ _ELEMENTWISE_OPS = {"add", "subtract", "multiply", "divide", "floor_divide", "po
                     "less_equal", "greater", "greater_equal", "equal", "not_equal", "logical_and", "logical_or",
                     "logical_not", "round", "floor", "ceil", "sin", "cos", "tan", "square", "sign", "isnan",
                     "isinf", "isfinite", "bitwise_and", "bitwise_or", "hard_sigmoid", "hard_swish", "trunc"}
+# Members whose per-element cost is a polynomial/series evaluation (TVM has no vectorised libm on CPU): a
+# GELU kernel (erf) runs ~3.7 ns per element where an add runs ~0.1 ns.
+_TRANSCENDENTAL_OPS = {"exp", "log", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "power", "divide", "nn.gelu",
+                       "nn.gelu_tanh", "nn.silu", "nn.softplus", "nn.selu", "sin", "cos", "tan", "hard_swish"}
+# Data-movement members that change the memory layout (strided reads/writes instead of streaming copies).
+_LAYOUT_OPS = {"permute_dims", "concat", "stack", "split", "take", "strided_slice", "dynamic_strided_slice",
+               "layout_transform", "flip", "gather_elements", "gather_nd", "scatter_elements", "scatter_nd", "nn.pad", "repeat", "tile",
+               "index_tensor"}
+MAX_ALIGNMENT = 64
 # Higher rank = more likely to dominate the kernel's time.
 _KIND_RANK = {"conv2d": 6, "matmul": 5, "pool": 4, "reduction": 3, "other": 2, "elementwise": 1, "data_movement": 0}
 
@@ -82,6 +91,16 @@ FEATURE_SCHEMA: dict[str, str] = {
     "n_pad16": "matmul n rounded up to a multiple of 16",
     "k_pad8": "matmul k rounded up to a multiple of 8",
     "channel_pad_waste": "out_channels_pad16 / max(out_channels, 1) (1 = no padding waste)",
+    "n_inputs": "number of input tensors of the kernel",
+    "transcendental_ops": "members that evaluate exp/log/tanh/sigmoid/erf/sqrt/divide/... per element",
+    "elementwise_ops": "elementwise members (including the transcendental ones)",
+    "layout_ops": "members that change the memory layout (permute_dims, concat, split, take, slices, pad, ...)",
+    "transcendental_elems": "out_elems * transcendental_ops (work of the costly elementwise members)",
+    "elementwise_elems": "out_elems * elementwise_ops",
+    "n_alignment": "largest power of two (<= 64) dividing the matmul n: the CPU schedule's column vector tile "
+                   "(a non-dividing tile leaves a scalar tail)",
+    "channel_alignment": "largest power of two (<= 64) dividing the output channels",
+    "width_alignment": "largest power of two (<= 64) dividing the output width",
     "log_flops": "log(1 + flops)",
     "log_bytes_total": "log(1 + bytes_total)",
     "log_out_elems": "log(1 + out_elems)",
@@ -91,13 +110,14 @@ FEATURE_SCHEMA: dict[str, str] = {
 # Raw (positive) features each per-kind polynomial model uses; the model takes log(1 + x) itself. The first
 # feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
 KIND_FEATURES: dict[str, tuple[str, ...]] = {
-    "conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "reduction_size", "stride"),
+    "conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "reduction_size", "stride",
+               "kernel_area"),
     "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
-    "matmul": ("flops", "bytes_total", "m", "n_pad8", "k"),
+    "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems"),
     "pool": ("bytes_total", "out_elems", "kernel_area", "stride"),
-    "elementwise": ("bytes_total", "out_elems", "n_members"),
-    "reduction": ("bytes_total", "in_elems", "out_elems", "n_members"),
-    "data_movement": ("bytes_total", "out_elems"),
+    "elementwise": ("bytes_total", "out_elems", "transcendental_elems", "layout_ops"),
+    "reduction": ("bytes_total", "in_elems", "out_elems", "n_members", "transcendental_elems"),
+    "data_movement": ("bytes_total", "out_elems", "layout_ops", "n_inputs"),
     "other": ("flops", "bytes_total", "out_elems"),
 }
 # The per-device fallback model for kinds without a fitted model uses only these, as a power law (degree 1:
@@ -194,6 +214,14 @@ def _round_up(x: float, multiple: int) -> float:
     return float(math.ceil(x / multiple) * multiple) if x > 0 else 0.0
 
 
+def _pow2_divisor(x: float) -> float:
+    """Largest power of two <= MAX_ALIGNMENT dividing ``x`` (1 for 0 or non-integers)."""
+    value = int(x)
+    if value <= 0 or value != x:
+        return 1.0
+    return float(min(MAX_ALIGNMENT, value & -value))
+
+
 def _matmul_geometry(node: OpNode, out_elems: float) -> dict[str, float]:
     out = node.output_shapes[0] if node.output_shapes else (1,)
     n = float(out[-1]) if out else 1.0
@@ -248,6 +276,14 @@ def feature_vector(node: OpNode) -> dict[str, float]:
              out_channels_pad8=_round_up(f["out_channels"], 8), out_channels_pad16=_round_up(f["out_channels"], 16),
              out_width_pad8=_round_up(f["out_width"], 8), n_pad8=_round_up(f["n"], 8),
              n_pad16=_round_up(f["n"], 16), k_pad8=_round_up(f["k"], 8))
+    members = member_ops(node)
+    transcendental = sum(m in _TRANSCENDENTAL_OPS for m in members)
+    elementwise = sum(m in _ELEMENTWISE_OPS for m in members)
+    f.update(n_inputs=float(len(node.input_shapes)), transcendental_ops=float(transcendental),
+             elementwise_ops=float(elementwise), layout_ops=float(sum(m in _LAYOUT_OPS for m in members)),
+             transcendental_elems=out_elems * transcendental, elementwise_elems=out_elems * elementwise,
+             n_alignment=_pow2_divisor(f["n"]), channel_alignment=_pow2_divisor(f["out_channels"]),
+             width_alignment=_pow2_divisor(f["out_width"]))
     f["channel_pad_waste"] = f["out_channels_pad16"] / max(f["out_channels"], 1.0) if f["out_channels"] else 1.0
     f.update(log_flops=math.log1p(f["flops"]), log_bytes_total=math.log1p(bytes_total),
              log_out_elems=math.log1p(out_elems), log_arithmetic_intensity=math.log1p(f["arithmetic_intensity"]))

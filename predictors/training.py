@@ -32,7 +32,7 @@ from hetpart.graph import OpNode
 from predictors import evaluate as ev
 from predictors.model_db import ModelDatabase
 from predictors.polynomial import DevicePredictor
-from predictors.store import Measurement, ProfileStore
+from predictors.store import Measurement, ProfileStore, normalise_latency
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
         else:
             nodes = tuple(node for node, _ in keyed)
             labels = tuple(kernels[k][1] for _, k in keyed)
-            total = v.model_median_us * reference / v.canary_us
+            total = normalise_latency(v.model_median_us, v.canary_us, reference)
             records[v.name] = ev.ModelRecord(nodes, labels, total, v.family)
     return TrainingData(device, target, version, reference, kernels, raw, excluded, records, model_keys, why_not,
                         retests)
@@ -121,7 +121,7 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
 # ---------------------------------------------------------------------------------------------- fit
 def fit_from_db(db_path: str | Path, device: str = "cpu",
                 output: str | Path | None = None) -> tuple[DevicePredictor, dict[str, Any]]:
-    """Fit a :class:`DevicePredictor` on every usable kernel and its per-kernel overhead on the model records."""
+    """Fit a :class:`DevicePredictor` on every usable kernel and its in-model terms on the model records."""
     start = time.perf_counter()
     data = load_training_data(db_path, device)
     keys = sorted(data.kernels)
@@ -129,9 +129,9 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
     predictor = DevicePredictor(device=device, target=json.loads(data.target), tvm_version=data.tvm_version)
     predictor.fit(nodes, labels)
     if data.records:
-        predictor.fit_overhead([(r.nodes, r.model_latency_us) for r in data.records.values()])
+        predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()])
     else:
-        logger.warning("no complete model variant in %s: the per-kernel overhead stays 0", db_path)
+        logger.warning("no complete model variant in %s: the in-model terms stay 0", db_path)
     with ModelDatabase(db_path) as models:
         runs = models.profile_runs(device)
     info = {"fit_seconds": time.perf_counter() - start, "n_kernels": len(keys),
@@ -170,7 +170,7 @@ def noise_floor_of(data: TrainingData) -> dict[str, Any]:
         if first is None or first.median_us is None or not first.canary_us:
             continue
         ref = data.reference_canary_us
-        pairs_norm.append([first.normalised_us(ref), median * ref / canary])
+        pairs_norm.append([first.normalised_us(ref), normalise_latency(median, canary, ref)])
         pairs_raw.append([first.median_us, median])
     if pairs_norm:
         out["retest_normalised"] = ev.noise_floor(pairs_norm)

@@ -73,3 +73,19 @@ def test_feature_matrix_and_workload_key():
     assert X.shape == (3, len(KIND_FEATURES["conv2d"]))
     assert workload_key(nodes[0]) == workload_key(nodes[1])          # ids and names do not matter
     assert workload_key(nodes[0]) != workload_key(nodes[2])
+
+
+def test_schedule_alignment_and_member_composition_features():
+    # N = 1950 leaves a scalar tail after any power-of-two vector tile; N = 2600 takes an 8-wide tile
+    assert feature_vector(matmul_node(0, 35, 650, 1950))["n_alignment"] == 2
+    assert feature_vector(matmul_node(0, 35, 650, 2600))["n_alignment"] == 8
+    assert feature_vector(matmul_node(0, 35, 650, 4096))["n_alignment"] == 64       # capped
+    conv = feature_vector(conv_node(0, 1, 32, 128, 27, 1))
+    assert (conv["channel_alignment"], conv["width_alignment"]) == (64, 1)
+    gelu = _node("fused:reshape+divide+erf+add+multiply+multiply+reshape", in_shapes=((512, 1024),),
+                 out_shapes=((512, 1024),))
+    f = feature_vector(gelu)
+    assert (f["transcendental_ops"], f["elementwise_ops"], f["layout_ops"]) == (2, 5, 0)
+    assert f["transcendental_elems"] == 2 * 512 * 1024 and f["n_inputs"] == 1
+    cell = _node("fused:split+sigmoid+tanh+multiply+stack", in_shapes=((1, 2600), (1, 650)), out_shapes=((1, 650),))
+    assert kernel_kind(cell) == "elementwise" and feature_vector(cell)["layout_ops"] == 2

@@ -10,10 +10,9 @@ from sklearn.exceptions import NotFittedError
 
 from hetpart.errors import ExtrapolationWarning, PredictorError, SchemaError
 from predictors.features import FEATURE_SCHEMA_VERSION, KIND_FEATURES, feature_matrix
-from predictors.polynomial import (DevicePredictor, PolynomialLatencyModel, UnseenKindWarning,
-                                   fit_per_kernel_overhead_us, predict_model_latency_us)
-from tests.predictors.synthetic_kernels import (chain_graph, conv_node, random_kernels, reshape_node,
-                                                synthetic_latency_us)
+from predictors.context import ContextTerms
+from predictors.polynomial import DevicePredictor, PolynomialLatencyModel, UnseenKindWarning
+from tests.predictors.synthetic_kernels import conv_node, random_kernels, reshape_node, synthetic_latency_us
 
 
 def _law(X):
@@ -84,14 +83,15 @@ def test_extrapolation_clamps_warns_and_stays_bounded(xy):
 
 def test_device_predictor_round_trips_json_exactly(fitted_predictor, tmp_path):
     predictor, nodes = fitted_predictor
-    predictor.per_kernel_overhead_us = 1.25
+    predictor.context = ContextTerms(1.25, 20.0, 2 ** 25)
     path = tmp_path / "cpu.json"
     predictor.save(path)
     text = path.read_text()
     assert "pickle" not in text and json.loads(text)["format"] == "hetpart.device_predictor"
     loaded = DevicePredictor.load(path)
     assert np.array_equal(loaded.predict(nodes), predictor.predict(nodes))
-    assert loaded.per_kernel_overhead_us == 1.25
+    assert loaded.context == ContextTerms(1.25, 20.0, 2 ** 25)
+    np.testing.assert_array_equal(loaded.predict_in_context(nodes), predictor.predict_in_context(nodes))
     prov = loaded.provenance()
     assert prov["device"] == "cpu" and prov["feature_schema_version"] == FEATURE_SCHEMA_VERSION
     assert prov["n_samples"] == 600 and prov["fit_date"] and prov["tvm_version"]
@@ -156,21 +156,6 @@ def test_no_data_and_unfitted_raise():
         DevicePredictor().fit([conv_node(0, 1, 8, 8, 8, 3)], [1.0, 2.0])
 
 
-def test_model_level_prediction_and_overhead(fitted_predictor):
-    predictor, nodes = fitted_predictor
-    graphs = [chain_graph(nodes[i:i + 30], name=f"m{i}") for i in (0, 100, 200)]
-    pred = DevicePredictor.from_dict(predictor.to_dict())
-    pred.per_kernel_overhead_us = 0.0
-    sums = [float(pred.predict(g.nodes).sum()) for g in graphs]
-    measured = [(g.nodes, s + 4.0 * len(g.nodes)) for g, s in zip(graphs, sums)]
-    assert pred.fit_overhead(measured) == pytest.approx(4.0)
-    assert fit_per_kernel_overhead_us(pred, measured) == pytest.approx(4.0)
-    assert predict_model_latency_us(graphs[0], pred) == pytest.approx(sums[0] + 4.0 * 30)
-    op_level = graphs[0].__class__(nodes=graphs[0].nodes, edges=graphs[0].edges, level="op")
-    with pytest.raises(PredictorError, match="kernel-level"):
-        predict_model_latency_us(op_level, pred)
-
-
 def test_fit_time_for_thousands_of_samples_is_far_below_a_minute():
     rng = np.random.default_rng(3)
     nodes = random_kernels(rng, 3000, ("conv2d", "depthwise_conv2d", "matmul", "pool", "elementwise", "reshape"))
@@ -194,3 +179,31 @@ def test_a_depthwise_kernel_without_its_own_model_uses_the_conv2d_model(fitted_p
         warnings.simplefilter("ignore")
         expected = predictor.models["conv2d"].predict(feature_matrix([node], KIND_FEATURES["conv2d"]))[0]
     assert value == expected
+
+
+def test_residual_correction_follows_a_step_the_polynomial_cannot():
+    """A schedule-like step (3x slower above a size) : the local residual correction learns it, picked by CV."""
+    rng = np.random.default_rng(5)
+    X = np.exp(rng.uniform(np.log(10), np.log(1e6), size=(900, 2)))
+    y = _law(X) * np.where(X[:, 1] > 3e3, 3.0, 1.0) * np.exp(rng.normal(0, 0.01, 900))
+    train, test = slice(0, 700), slice(700, None)
+    plain = PolynomialLatencyModel(residual_bandwidths=()).fit(X[train], y[train])
+    local = PolynomialLatencyModel().fit(X[train], y[train])
+    assert plain.residual_bandwidth_ == 0.0 and local.residual_bandwidth_ > 0
+    assert local.anchor_residuals_.shape == (len(local.anchors_),)
+    ape = lambda m: np.mean(np.abs(m.predict(X[test]) - y[test]) / y[test])   # noqa: E731
+    assert ape(local) < 0.5 * ape(plain)
+    assert any(key.startswith("residual_bandwidth:") for key in local.cv_rmse_log_)
+    again = PolynomialLatencyModel.from_dict(json.loads(json.dumps(local.to_dict())))
+    np.testing.assert_array_equal(again.predict(X[test]), local.predict(X[test]))
+
+
+def test_cross_validation_keeps_repeated_kernels_on_one_side():
+    """The same kernel measured in many models must not be both trained on and scored against."""
+    rng = np.random.default_rng(6)
+    base = np.exp(rng.uniform(np.log(10), np.log(1e6), size=(60, 2)))
+    X = np.repeat(base, 10, axis=0)                    # every kernel 10 times
+    y = _law(X) * np.exp(np.repeat(rng.normal(0, 0.3, 60), 10))   # one (noisy) label per distinct kernel
+    model = PolynomialLatencyModel().fit(X, y)
+    # with duplicates split across folds, a tiny bandwidth would look perfect (it reproduces the label)
+    assert model.cv_rmse_log_["residual_bandwidth:0.1"] > 0.1

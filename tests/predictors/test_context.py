@@ -1,0 +1,80 @@
+"""In-model terms: per-kernel overhead + cold weights (fit recovers known terms, rules, JSON, model latency)."""
+import numpy as np
+import pytest
+
+from hetpart.errors import PredictorError
+from hetpart.graph import OpNode
+from predictors.context import (ContextTerms, fit_context_terms, last_level_cache_bytes, predict_in_context_us,
+                                predict_model_latency_us)
+from predictors.polynomial import DevicePredictor
+from tests.predictors.synthetic_kernels import chain_graph, conv_node, matmul_node, random_kernels, \
+    synthetic_latency_us
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    rng = np.random.default_rng(1)
+    nodes = random_kernels(rng, 400, ("conv2d", "matmul", "pool", "elementwise"))
+    return DevicePredictor(device="cpu").fit(nodes, synthetic_latency_us(nodes, rng, 0.02)), nodes
+
+
+def _rnn_step(node: OpNode) -> OpNode:
+    return OpNode(**{**node.to_dict(), "tags": {**node.tags, "rnn_phase": "step"}})
+
+
+def test_cold_bytes_rules():
+    terms = ContextTerms(0.0, 10.0, cache_bytes=4_000_000)
+    small, big = matmul_node(0, 1, 512, 1000), matmul_node(1, 1, 4096, 4096)    # 2.05 MB, 67 MB of weights
+    assert terms.cold_param_bytes(small) == small.param_bytes
+    assert terms.cold_param_bytes(big) == 0.0                      # larger than the cache: cold in isolation too
+    assert terms.cold_param_bytes(_rnn_step(small)) == 0.0         # re-read every step: warm
+    np.testing.assert_allclose(terms.extra_us([small, big]), [10.0 * small.param_bytes / 1e6, 0.0])
+
+
+def test_fit_recovers_known_terms(predictor):
+    pred, nodes = predictor
+    pred = DevicePredictor.from_dict(pred.to_dict())
+    cache = 32 * 2 ** 20
+    graphs = [chain_graph(nodes[i:i + 30], name=f"m{i}") for i in range(0, 300, 30)]
+    truth = ContextTerms(4.0, 25.0, cache)
+    measured = [(g.nodes, float(pred.predict(g.nodes).sum() + truth.extra_us(g.nodes).sum())) for g in graphs]
+    fitted = fit_context_terms(pred, measured, cache_bytes=cache)
+    assert fitted.per_kernel_overhead_us == pytest.approx(4.0, rel=1e-6)
+    assert fitted.cold_param_us_per_mb == pytest.approx(25.0, rel=1e-6)
+    assert pred.fit_context(measured, cache_bytes=cache) == fitted and pred.context == fitted
+    g = graphs[0]
+    expected = pred.predict(g.nodes) + fitted.extra_us(g.nodes)
+    np.testing.assert_allclose(pred.predict_in_context(g.nodes), expected)
+    np.testing.assert_allclose(predict_in_context_us(g.nodes, pred), expected)
+    assert predict_model_latency_us(g, pred) == pytest.approx(float(expected.sum()))
+    op_level = g.__class__(nodes=g.nodes, edges=g.edges, level="op")
+    with pytest.raises(PredictorError, match="kernel-level"):
+        predict_model_latency_us(op_level, pred)
+
+
+def test_terms_never_go_negative(predictor):
+    pred, nodes = predictor
+    graphs = [chain_graph(nodes[i:i + 20]) for i in (0, 40)]
+    # models measured faster than their kernels' sum: the bounded fit stops at 0 instead of going negative
+    measured = [(g.nodes, 0.5 * float(pred.predict(g.nodes).sum())) for g in graphs]
+    fitted = fit_context_terms(pred, measured, cache_bytes=2 ** 25)
+    assert 0.0 <= fitted.per_kernel_overhead_us < 1e-9 and 0.0 <= fitted.cold_param_us_per_mb < 1e-9
+
+
+def test_errors_and_json():
+    with pytest.raises(PredictorError, match="at least one"):
+        fit_context_terms(None, [], cache_bytes=1)
+    with pytest.raises(PredictorError, match=">= 1 kernel"):
+        fit_context_terms(None, [([], 10.0)], cache_bytes=1)
+    with pytest.raises(PredictorError, match=">= 0"):
+        ContextTerms(-1.0, 0.0).validate()
+    with pytest.raises(PredictorError, match="malformed"):
+        ContextTerms.from_dict({"per_kernel_overhead_us": 1.0})
+    terms = ContextTerms(1.5, 20.0, 123456)
+    assert ContextTerms.from_dict(terms.to_dict()) == terms
+    assert last_level_cache_bytes() > 0
+
+
+def test_conv_weights_count_as_cold():
+    node = conv_node(0, 1, 512, 512, 7, 3)
+    assert ContextTerms(0.0, 1.0).cold_param_bytes(node) == node.param_bytes > 9e6
