@@ -57,8 +57,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     db = args.db or default_db()
     predictor, info = fit_from_db(db, device=args.device, output=args.output)
-    log.info("fitted %s predictor on %d kernels in %.1f s (per-kernel overhead %.2f us) -> %s", args.device,
-             info["n_kernels"], info["fit_seconds"], predictor.per_kernel_overhead_us, args.output)
+    ctx = predictor.context
+    log.info("fitted %s predictor on %d kernels in %.1f s (in a model: +%.2f us per kernel, +%.1f us per MB of "
+             "cold weights) -> %s", args.device, info["n_kernels"], info["fit_seconds"], ctx.per_kernel_overhead_us,
+             ctx.cold_param_us_per_mb, args.output)
     return 0
 
 
