@@ -66,7 +66,7 @@ def default_cpu_predictor_path() -> Path:
 
 def load_cpu_predictor(path: str | Path | None = None):
     """The CPU predictor: ``path``, else $HETPART_CPU_PREDICTOR, else the shipped predictors/data one."""
-    from predictors.polynomial import DevicePredictor
+    from predictors.device_predictor import DevicePredictor
 
     path = Path(path or os.environ.get("HETPART_CPU_PREDICTOR") or default_cpu_predictor_path())
     if not path.exists():

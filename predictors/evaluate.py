@@ -5,7 +5,7 @@ measured whole-model latency µs, family)``). For each split (leave-one-model-ou
 method is fitted on the kernels and whole-model latencies of the training models only, then predicts the
 held-out models' kernels and whole-model latency (sum of kernel predictions + the fitted in-model terms of
 :mod:`predictors.context`: per-kernel overhead and cold weights). The
-methods are the polynomial :class:`~predictors.polynomial.DevicePredictor` and the baselines of
+methods are the polynomial :class:`~predictors.device_predictor.DevicePredictor` and the baselines of
 :mod:`predictors.baselines`, all on the same split. The report states plainly where the polynomial loses.
 
 Metrics (APE = |predicted - measured| / measured): MAPE, median APE, ±10% accuracy (share with APE <= 0.10),
@@ -30,7 +30,7 @@ from hetpart.graph import OpNode
 from predictors.baselines import BASELINES
 from predictors.features import kernel_kind
 from predictors.context import fit_context_terms
-from predictors.polynomial import DevicePredictor
+from predictors.device_predictor import DevicePredictor
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from hetpart.errors import PredictorError
 from hetpart.graph import OpNode
 from predictors import evaluate as ev
 from predictors.model_db import ModelDatabase
-from predictors.polynomial import DevicePredictor
+from predictors.device_predictor import DevicePredictor
 from predictors.store import Measurement, ProfileStore, normalise_latency
 
 logger = logging.getLogger(__name__)

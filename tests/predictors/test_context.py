@@ -6,7 +6,7 @@ from hetpart.errors import PredictorError
 from hetpart.graph import OpNode
 from predictors.context import (ContextTerms, fit_context_terms, last_level_cache_bytes, predict_in_context_us,
                                 predict_model_latency_us)
-from predictors.polynomial import DevicePredictor
+from predictors.device_predictor import DevicePredictor
 from tests.predictors.synthetic_kernels import chain_graph, conv_node, matmul_node, random_kernels, \
     synthetic_latency_us
 

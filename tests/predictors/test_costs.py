@@ -9,7 +9,7 @@ from hetpart.devices import DeviceSet, cpu_device, gpu_from_preset, preset_links
 from hetpart.errors import MissingCostError, PredictorError
 from predictors.analytic import AnalyticGpuModel
 from predictors.costs import build_cost_table, gpu_supports
-from predictors.polynomial import DevicePredictor
+from predictors.device_predictor import DevicePredictor
 from tests.predictors.synthetic_kernels import (chain_graph, conv_node, elementwise_node, pool_node, random_kernels,
                                                 reshape_node, synthetic_latency_us)
 

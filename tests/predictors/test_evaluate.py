@@ -10,7 +10,7 @@ from predictors.baselines import BASELINES
 from predictors.features import kernel_kind
 from predictors.evaluate import (ModelRecord, cross_validate, error_metrics, evaluate, kernel_report, noise_floor,
                                  plot_predicted_vs_measured, spearman)
-from predictors.polynomial import DevicePredictor
+from predictors.device_predictor import DevicePredictor
 from tests.predictors.synthetic_kernels import random_kernels, synthetic_latency_us
 
 FAMILY_KINDS = {"cnn": ("conv2d", "pool", "elementwise"), "mobile": ("depthwise_conv2d", "conv2d", "elementwise"),

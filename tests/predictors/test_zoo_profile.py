@@ -16,7 +16,7 @@ from hetpart import cli_predictors
 from hetpart.errors import ProfileDatabaseError
 from hetpart.graph import OpNode
 from predictors.model_db import ModelDatabase
-from predictors.polynomial import DevicePredictor
+from predictors.device_predictor import DevicePredictor
 from predictors.store import Measurement, ProfileStore, key_hash_of, profile_workloads
 from predictors.kernel_mapping import align_calls, op_tokens
 from tests.predictors.synthetic_kernels import chain_graph, random_kernels, synthetic_latency_us

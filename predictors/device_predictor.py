@@ -1,0 +1,181 @@
+"""Per-device latency predictor: one polynomial model (:mod:`predictors.polynomial`) per kernel kind.
+
+:class:`DevicePredictor` holds one model per kernel kind for one device plus a fallback model on
+(bytes, FLOPs) of all kinds. A kind without enough training data is predicted, with an :class:`UnseenKindWarning`,
+by its related kind's model (:data:`RELATED_KIND`: conv2d <-> depthwise_conv2d) or else by the fallback.
+It also holds the device's in-model terms (:mod:`predictors.context`) and is saved as JSON with its provenance
+(device, target, TVM version, feature schema, training ranges), never as a pickle.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import time
+import warnings
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from hetpart.errors import ExtrapolationWarning, PredictorError, SchemaError
+from hetpart.graph import OpNode
+from predictors.context import ContextTerms, fit_context_terms
+from predictors.features import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES, RESIDUAL_EXCLUDED,
+                                 feature_matrix, feature_vector, kernel_kind, vectors_to_matrix)
+from predictors.polynomial import PolynomialLatencyModel
+
+logger = logging.getLogger(__name__)
+
+PREDICTOR_FORMAT = "hetpart.device_predictor"
+PREDICTOR_FORMAT_VERSION = 2     # 2: context terms (per-kernel overhead + cold weights) replace the overhead
+
+# A kind without a model is predicted by its related kind's model when there is one (the same TVM operator
+# with different groups), else by the device's fallback model.
+RELATED_KIND = {"depthwise_conv2d": "conv2d", "conv2d": "depthwise_conv2d"}
+
+
+class UnseenKindWarning(ExtrapolationWarning):
+    """A kernel kind had no fitted model; a related kind's model or the fallback (bytes, FLOPs) model predicted it."""
+
+
+def _kind_model(kind: str, degrees: Sequence[int], alphas: Sequence[float]) -> PolynomialLatencyModel:
+    names = KIND_FEATURES[kind]
+    excluded = RESIDUAL_EXCLUDED.get(kind, ())
+    columns = [j for j, name in enumerate(names) if name not in excluded] if excluded else None
+    return PolynomialLatencyModel(degrees=tuple(degrees), alphas=tuple(alphas), feature_names=names,
+                                  residual_columns=columns)
+
+
+class DevicePredictor:
+    """Per-kind polynomial models for one device; ``predict(nodes)`` gives kernel latencies in µs."""
+
+    source = "predicted"
+
+    def __init__(self, device: str = "cpu", target: Mapping[str, Any] | None = None, tvm_version: str | None = None,
+                 degrees: Sequence[int] = (1, 2), alphas: Sequence[float] = (1e-4, 1e-2, 1.0),
+                 min_samples_per_kind: int = 12):
+        self.device = device
+        self.target = dict(target or {"kind": "llvm"})
+        self.tvm_version = tvm_version if tvm_version is not None else _installed_tvm_version()
+        self.degrees, self.alphas = tuple(degrees), tuple(alphas)
+        self.min_samples_per_kind = min_samples_per_kind
+        self.models: dict[str, PolynomialLatencyModel] = {}
+        self.fallback: PolynomialLatencyModel | None = None
+        self.context = ContextTerms()
+        self.fit_info: dict[str, Any] = {}
+
+    def fit(self, nodes: Sequence[OpNode], latencies_us: Sequence[float]) -> "DevicePredictor":
+        nodes, y = list(nodes), np.asarray(latencies_us, dtype=np.float64)
+        if not nodes:
+            raise PredictorError(f"no measurements to fit a predictor for device {self.device!r}; "
+                                 "run `hetpart profile` first")
+        if len(nodes) != len(y):
+            raise PredictorError(f"{len(nodes)} kernels but {len(y)} latencies: they must pair up")
+        start = time.perf_counter()
+        kinds = np.array([kernel_kind(n) for n in nodes])
+        vectors = [feature_vector(n) for n in nodes]
+        self.models = {}
+        for kind in sorted(set(kinds.tolist())):
+            idx = np.flatnonzero(kinds == kind)
+            if len(idx) < self.min_samples_per_kind:
+                logger.info("kind %s has %d samples (< %d): the fallback model will predict it",
+                            kind, len(idx), self.min_samples_per_kind)
+                continue
+            names = KIND_FEATURES[kind]
+            self.models[kind] = _kind_model(kind, self.degrees, self.alphas).fit(
+                vectors_to_matrix([vectors[i] for i in idx], names), y[idx])
+        self.fallback = PolynomialLatencyModel(degrees=(1,), alphas=(1e-4,), feature_names=FALLBACK_FEATURES).fit(
+            vectors_to_matrix(vectors, FALLBACK_FEATURES), y)
+        self.fit_info = {"fit_seconds": time.perf_counter() - start, "n_samples": len(nodes),
+                         "samples_per_kind": {k: int((kinds == k).sum()) for k in sorted(set(kinds.tolist()))},
+                         "fit_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+        return self
+
+    def predict(self, nodes: Sequence[OpNode]) -> np.ndarray:
+        if self.fallback is None:
+            raise PredictorError(f"the predictor for device {self.device!r} is not fitted; call fit() or load() it")
+        nodes = list(nodes)
+        out = np.empty(len(nodes))
+        kinds = np.array([kernel_kind(n) for n in nodes]) if nodes else np.array([], dtype=str)
+        for kind in sorted(set(kinds.tolist())):
+            idx = np.flatnonzero(kinds == kind)
+            sub = [nodes[i] for i in idx]
+            model_kind = kind if kind in self.models else RELATED_KIND.get(kind)
+            model = self.models.get(model_kind) if model_kind else None
+            if model_kind != kind:
+                warnings.warn(UnseenKindWarning(
+                    f"device {self.device!r} has no model for kernel kind {kind!r} ({len(idx)} kernels, e.g. "
+                    f"{sub[0].op}); the {model_kind + ' model' if model else 'fallback (bytes, FLOPs) model'} "
+                    "predicted them. Profile such kernels and refit for better accuracy."), stacklevel=2)
+            if model is None:
+                out[idx] = self.fallback.predict(feature_matrix(sub, FALLBACK_FEATURES))
+            else:
+                out[idx] = model.predict(feature_matrix(sub, KIND_FEATURES[model_kind]))
+        return out
+
+    def fit_context(self, models: Iterable[tuple[Sequence[OpNode], float]],
+                    cache_bytes: int | None = None) -> ContextTerms:
+        """Fit and store the in-model terms from whole-model measurements (see :mod:`predictors.context`)."""
+        self.context = fit_context_terms(self, models, cache_bytes)
+        return self.context
+
+    def predict_in_context(self, nodes: Sequence[OpNode]) -> np.ndarray:
+        """Latency of each kernel inside a model: :meth:`predict` + the context terms (µs)."""
+        nodes = list(nodes)
+        return self.predict(nodes) + self.context.extra_us(nodes)
+
+    # ------------------------------------------------------------------ provenance + JSON
+    def provenance(self) -> dict[str, Any]:
+        ranges = {kind: {name: [float(lo), float(hi)] for name, lo, hi in
+                         zip(KIND_FEATURES[kind], m.feature_min_, m.feature_max_)} for kind, m in self.models.items()}
+        return {"device": self.device, "target": dict(self.target), "tvm_version": self.tvm_version,
+                "feature_schema_version": FEATURE_SCHEMA_VERSION, "source": self.source,
+                "training_ranges": ranges, **self.fit_info}
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.fallback is None:
+            raise PredictorError("cannot save an unfitted predictor; call fit() first")
+        return {"format": PREDICTOR_FORMAT, "format_version": PREDICTOR_FORMAT_VERSION,
+                "provenance": self.provenance(), "degrees": list(self.degrees), "alphas": list(self.alphas),
+                "min_samples_per_kind": self.min_samples_per_kind,
+                "context": self.context.to_dict(),
+                "models": {k: m.to_dict() for k, m in self.models.items()}, "fallback": self.fallback.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DevicePredictor":
+        if not isinstance(data, Mapping) or data.get("format") != PREDICTOR_FORMAT \
+                or data.get("format_version") != PREDICTOR_FORMAT_VERSION:
+            raise SchemaError(f"not a {PREDICTOR_FORMAT} v{PREDICTOR_FORMAT_VERSION} file; re-create it with "
+                              "`hetpart fit`")
+        prov = data.get("provenance", {})
+        if prov.get("feature_schema_version") != FEATURE_SCHEMA_VERSION:
+            raise PredictorError(
+                f"predictor was fitted with feature schema {prov.get('feature_schema_version')!r}; this hetpart "
+                f"computes schema {FEATURE_SCHEMA_VERSION}. Refit it with `hetpart fit` on the profile database.")
+        pred = cls(device=prov.get("device", "cpu"), target=prov.get("target"), tvm_version=prov.get("tvm_version"),
+                   degrees=data["degrees"], alphas=data["alphas"], min_samples_per_kind=data["min_samples_per_kind"])
+        pred.models = {k: PolynomialLatencyModel.from_dict(m) for k, m in data["models"].items()}
+        pred.fallback = PolynomialLatencyModel.from_dict(data["fallback"])
+        pred.context = ContextTerms.from_dict(data["context"])
+        pred.fit_info = {k: prov[k] for k in ("fit_seconds", "n_samples", "samples_per_kind", "fit_date") if k in prov}
+        return pred
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DevicePredictor":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise PredictorError(f"cannot read predictor {path}: {exc}. Fit one with `hetpart fit`.") from exc
+        return cls.from_dict(data)
+
+
+def _installed_tvm_version() -> str:
+    try:
+        return metadata.version("apache-tvm")
+    except metadata.PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,120 @@
+"""DevicePredictor: per-kind models, JSON with provenance, fallback for unseen kinds, fit time."""
+import json
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from hetpart.errors import ExtrapolationWarning, PredictorError, SchemaError
+from predictors.features import FEATURE_SCHEMA_VERSION, KIND_FEATURES, feature_matrix
+from predictors.context import ContextTerms
+from predictors.device_predictor import DevicePredictor, UnseenKindWarning
+from tests.predictors.synthetic_kernels import conv_node, random_kernels, reshape_node, synthetic_latency_us
+
+
+@pytest.fixture(scope="module")
+def fitted_predictor():
+    rng = np.random.default_rng(1)
+    nodes = random_kernels(rng, 600, ("conv2d", "matmul", "pool", "elementwise"))
+    return DevicePredictor(device="cpu").fit(nodes, synthetic_latency_us(nodes, rng, 0.02)), nodes
+
+
+def test_device_predictor_round_trips_json_exactly(fitted_predictor, tmp_path):
+    predictor, nodes = fitted_predictor
+    predictor.context = ContextTerms(1.25, 20.0, 2 ** 25)
+    path = tmp_path / "cpu.json"
+    predictor.save(path)
+    text = path.read_text()
+    assert "pickle" not in text and json.loads(text)["format"] == "hetpart.device_predictor"
+    loaded = DevicePredictor.load(path)
+    assert np.array_equal(loaded.predict(nodes), predictor.predict(nodes))
+    assert loaded.context == ContextTerms(1.25, 20.0, 2 ** 25)
+    np.testing.assert_array_equal(loaded.predict_in_context(nodes), predictor.predict_in_context(nodes))
+    prov = loaded.provenance()
+    assert prov["device"] == "cpu" and prov["feature_schema_version"] == FEATURE_SCHEMA_VERSION
+    assert prov["n_samples"] == 600 and prov["fit_date"] and prov["tvm_version"]
+    lo, hi = prov["training_ranges"]["conv2d"]["flops"]
+    assert 0 < lo < hi
+
+
+def test_loading_a_foreign_or_stale_file_fails_clearly(fitted_predictor, tmp_path):
+    predictor, _ = fitted_predictor
+    data = predictor.to_dict()
+    data["provenance"]["feature_schema_version"] = FEATURE_SCHEMA_VERSION + 1
+    with pytest.raises(PredictorError, match="feature schema"):
+        DevicePredictor.from_dict(data)
+    with pytest.raises(SchemaError):
+        DevicePredictor.from_dict({"format": "something else"})
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(PredictorError):
+        DevicePredictor.load(tmp_path / "bad.json")
+
+
+def test_device_predictor_accuracy_and_hundredfold_flops(fitted_predictor):
+    predictor, _ = fitted_predictor
+    rng = np.random.default_rng(2)
+    test_nodes = [n for n in random_kernels(rng, 200, ("conv2d", "matmul", "pool", "elementwise"))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        rel = np.abs(predictor.predict(test_nodes) / synthetic_latency_us(test_nodes) - 1)
+    assert np.median(rel) < 0.05
+    big = conv_node(0, 200, 256, 256, 56, 3)                 # ~100x the FLOPs of the largest training conv
+    with pytest.warns(ExtrapolationWarning):
+        value = predictor.predict([big])[0]
+    assert np.isfinite(value) and 0 < value < 1e3 * synthetic_latency_us([big])[0]
+
+
+def test_a_kernel_larger_than_any_trained_one_is_scaled_from_its_nearest_neighbour():
+    rng = np.random.default_rng(7)
+    train = [conv_node(i, 1, c, c, hw, 3) for i, (c, hw) in enumerate(
+        (c, hw) for c in (16, 32, 64, 128) for hw in (7, 14, 28, 56) for _ in range(3))]
+    predictor = DevicePredictor().fit(train, synthetic_latency_us(train, rng, 0.01))
+    big = conv_node(0, 1, 256, 256, 56, 3)                  # 4x the FLOPs of the largest training conv
+    with pytest.warns(ExtrapolationWarning):
+        value = predictor.predict([big])[0]
+    assert abs(value / synthetic_latency_us([big])[0] - 1) < 0.25
+
+
+def test_unseen_kind_uses_the_fallback_with_a_warning(fitted_predictor):
+    predictor, _ = fitted_predictor
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = predictor.predict([reshape_node(0, (1, 32, 14, 14))])
+    assert any(issubclass(w.category, UnseenKindWarning) and "data_movement" in str(w.message) for w in caught)
+    assert issubclass(UnseenKindWarning, ExtrapolationWarning)
+    assert np.isfinite(value).all() and (value > 0).all()
+
+
+def test_no_data_and_unfitted_raise():
+    with pytest.raises(PredictorError):
+        DevicePredictor().fit([], [])
+    with pytest.raises(PredictorError):
+        DevicePredictor().predict([conv_node(0, 1, 8, 8, 8, 3)])
+    with pytest.raises(PredictorError):
+        DevicePredictor().fit([conv_node(0, 1, 8, 8, 8, 3)], [1.0, 2.0])
+
+
+def test_fit_time_for_thousands_of_samples_is_far_below_a_minute():
+    rng = np.random.default_rng(3)
+    nodes = random_kernels(rng, 3000, ("conv2d", "depthwise_conv2d", "matmul", "pool", "elementwise", "reshape"))
+    y = synthetic_latency_us(nodes, rng, 0.03)
+    start = time.perf_counter()
+    predictor = DevicePredictor().fit(nodes, y)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 60, f"fit of 3000 samples took {elapsed:.1f} s"
+    assert predictor.fit_info["fit_seconds"] <= elapsed and len(predictor.models) == 6
+
+
+def test_a_depthwise_kernel_without_its_own_model_uses_the_conv2d_model(fitted_predictor):
+    predictor, _ = fitted_predictor
+    assert "depthwise_conv2d" not in predictor.models and "conv2d" in predictor.models
+    node = conv_node(0, 1, 64, 64, 28, 3, groups=64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = predictor.predict([node])[0]
+    assert any("conv2d model" in str(w.message) for w in caught if issubclass(w.category, UnseenKindWarning))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = predictor.models["conv2d"].predict(feature_matrix([node], KIND_FEATURES["conv2d"]))[0]
+    assert value == expected
