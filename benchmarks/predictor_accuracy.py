@@ -95,6 +95,15 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         kinds = split["polynomial"]["kernel"]["by_kind"]
         lines += ["", "Per kernel kind (polynomial): " + ", ".join(
             f"{kind} MAPE {_pct(v['mape'])} Spearman {_num(v['spearman'])} (n={v['n']})" for kind, v in kinds.items())]
+    composed = report.get("model_level_floor", {})
+    if composed:
+        lines += ["", "## Model-level floor (perfect kernel predictions)", "",
+                  "Each held-out model's *measured* kernel latencies plus in-model terms (per-kernel overhead, cold "
+                  "weights) fitted on the other models, against its measured latency: no kernel predictor can beat "
+                  "this on the same split.", ""]
+        for split, v in composed.items():
+            worst = max(v["signed_error_per_model"].items(), key=lambda kv: abs(kv[1]))
+            lines.append(f"- {split}: MAPE {_pct(v['mape'])}, worst {_pct(v['max_ape'])} ({worst[0]})")
     floor = report.get("noise_floor", {})
     lines += ["", "## Noise floor (test-retest of the measurements themselves)", ""]
     for key in sorted(k for k in floor if k.startswith("retest")):

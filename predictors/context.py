@@ -118,7 +118,7 @@ def fit_context_terms(predictor: Any, models: Iterable[tuple[Sequence[OpNode], f
         rhs.append((measured_us - predicted) / measured_us)
     if not rows:
         raise PredictorError("fitting the in-model terms needs at least one whole-model measurement")
-    solution = lsq_linear(np.array(rows), np.array(rhs), bounds=(0.0, np.inf)).x
+    solution = lsq_linear(np.array(rows), np.array(rhs), bounds=(0.0, np.inf), method="bvls").x
     return ContextTerms(float(solution[0]), float(solution[1]), cache).validate()
 
 

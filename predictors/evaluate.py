@@ -28,7 +28,7 @@ from scipy.stats import spearmanr
 from hetpart.errors import PredictorError
 from hetpart.graph import OpNode
 from predictors.baselines import BASELINES
-from predictors.features import kernel_kind
+from predictors.features import kernel_kind, workload_key
 from predictors.context import fit_context_terms
 from predictors.device_predictor import DevicePredictor
 
@@ -111,6 +111,31 @@ def noise_floor(repeats: Sequence[Sequence[float]]) -> dict[str, Any]:
             measured.append(float(np.median(np.delete(v, r))))
             predicted.append(float(v[r]))
     return {"n_kernels": len(repeats), **error_metrics(measured, predicted)}
+
+
+def model_level_floor(records: Mapping[str, ModelRecord], group_of: Mapping[str, str]) -> dict[str, Any]:
+    """Whole-model error that remains with *perfect* kernel predictions: each held-out model's measured kernel
+    labels plus in-model terms fitted on the other groups, against its measured latency. No kernel predictor can
+    do better than this on the same split; it measures how well isolated kernels compose into a model."""
+    labels = {}
+    for rec in records.values():
+        labels.update({workload_key(n): y for n, y in zip(rec.nodes, rec.kernel_latencies_us)})
+
+    class _Exact:
+        def predict(self, nodes: Sequence[OpNode]) -> np.ndarray:
+            return np.array([labels[workload_key(n)] for n in nodes])
+
+    measured, predicted, per_model = [], [], {}
+    for held in sorted(set(group_of.values())):
+        train = [(records[n].nodes, records[n].model_latency_us) for n in records if group_of[n] != held]
+        context = fit_context_terms(_Exact(), train)
+        for name in (n for n in records if group_of[n] == held):
+            rec = records[name]
+            value = float(np.sum(rec.kernel_latencies_us) + context.extra_us(rec.nodes).sum())
+            measured.append(rec.model_latency_us)
+            predicted.append(value)
+            per_model[name] = value / rec.model_latency_us - 1.0
+    return {**error_metrics(measured, predicted), "signed_error_per_model": per_model}
 
 
 # ---------------------------------------------------------------------- cross-validation

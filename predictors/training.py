@@ -232,6 +232,9 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
                     m, p, k, out_dir / "predictors_scatter.png",
                     title=f"polynomial, leave-one-model-out ({len(data.records)} model variants)"))
     report["noise_floor"] = noise_floor_of(data)
+    report["model_level_floor"] = {
+        "leave_one_model_out": ev.model_level_floor(data.records, {n: n for n in data.records}),
+        "leave_one_family_out": ev.model_level_floor(data.records, {n: r.family for n, r in data.records.items()})}
     start = time.perf_counter()
     fit_from_db(db_path, device)
     report["full_fit_seconds"] = time.perf_counter() - start

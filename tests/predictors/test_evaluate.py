@@ -8,8 +8,8 @@ import pytest
 from hetpart.errors import PredictorError
 from predictors.baselines import BASELINES
 from predictors.features import kernel_kind
-from predictors.evaluate import (ModelRecord, cross_validate, error_metrics, evaluate, kernel_report, noise_floor,
-                                 plot_predicted_vs_measured, spearman)
+from predictors.evaluate import (ModelRecord, cross_validate, error_metrics, evaluate, kernel_report,
+                                 model_level_floor, noise_floor, plot_predicted_vs_measured, spearman)
 from predictors.device_predictor import DevicePredictor
 from tests.predictors.synthetic_kernels import random_kernels, synthetic_latency_us
 
@@ -158,3 +158,19 @@ def test_calibrated_roofline_and_flops_constant_recover_their_own_laws():
     law = {"conv2d": 3e-4, "elementwise": 1e-3, "data_movement": 2e-5}
     linear = np.array([law[kernel_kind(n)] * (n.flops or n.bytes_read + n.bytes_written) for n in nodes])
     assert np.allclose(FlopsConstantBaseline().fit(nodes, linear).predict(nodes), linear, rtol=1e-9)
+
+
+def test_model_level_floor_is_zero_when_models_compose_exactly_and_reports_the_gap_otherwise():
+    # every model = sum of its kernels + 2 µs per kernel: the overhead term explains it (up to the few kernels
+    # two models share with different noisy labels)
+    data = _dataset()
+    records = {k: ModelRecord(tuple(v[0]), tuple(v[1]), v[2], v[3]) for k, v in data.items()}
+    exact = model_level_floor(records, {n: n for n in records})
+    assert exact["mape"] < 2e-3 and set(exact["signed_error_per_model"]) == set(records)
+    skewed = dict(records)
+    name = sorted(records)[0]
+    rec = records[name]
+    skewed[name] = ModelRecord(rec.nodes, rec.kernel_latencies_us, rec.model_latency_us * 1.3, rec.family)
+    gap = model_level_floor(skewed, {n: n for n in skewed})
+    assert gap["signed_error_per_model"][name] == pytest.approx(1 / 1.3 - 1, abs=0.02)
+    assert gap["max_ape"] == pytest.approx(1 - 1 / 1.3, abs=0.02)
