@@ -29,7 +29,8 @@ from predictors import sampling
 from predictors.kernel_mapping import ModelKernels, map_kernels
 from predictors.model_db import ModelDatabase
 from predictors.profiler import CompiledKernel, KernelProfiler, KernelWorkload
-from predictors.store import ProfileStore, profile_workloads
+from predictors.profiling_run import profile_workloads
+from predictors.store import ProfileStore
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ from predictors.links import fit_link, measure_link
 from predictors.profiler import (KernelProfiler, KernelWorkload, TimingProtocol,  # noqa: E402
                                  deployment_pipeline, kernel_kind, kernels_of_module,
                                  num_threads)
-from predictors.store import ProfileStore, profile_workloads  # noqa: E402
+from predictors.profiling_run import profile_workloads  # noqa: E402
+from predictors.store import ProfileStore  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from hetpart.errors import ProfileDatabaseError
-from predictors.store import (Measurement, ProfileStore, canonical_json, key_hash_of, normalise_latency,
-                              profile_workloads)
+from predictors.profiling_run import profile_workloads
+from predictors.store import Measurement, ProfileStore, canonical_json, key_hash_of, normalise_latency
 
 DEVICE, TARGET, VERSION = "cpu", '{"kind":"llvm"}', "0.27.0-test"
 
@@ -274,7 +274,8 @@ CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {test_dir!r})
     from test_store import RecordingProfiler, make_workloads
-    from predictors.store import ProfileStore, profile_workloads
+    from predictors.profiling_run import profile_workloads
+    from predictors.store import ProfileStore
     store = ProfileStore({db!r})
     profile_workloads(store, make_workloads({n}), RecordingProfiler("killed", delay_s=0.1), budget_s=600)
 """)

@@ -17,7 +17,8 @@ from hetpart.errors import ProfileDatabaseError
 from hetpart.graph import OpNode
 from predictors.model_db import ModelDatabase
 from predictors.device_predictor import DevicePredictor
-from predictors.store import Measurement, ProfileStore, key_hash_of, profile_workloads
+from predictors.profiling_run import profile_workloads
+from predictors.store import Measurement, ProfileStore, key_hash_of
 from predictors.kernel_mapping import align_calls, op_tokens
 from tests.predictors.synthetic_kernels import chain_graph, random_kernels, synthetic_latency_us
 
