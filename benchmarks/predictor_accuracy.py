@@ -105,7 +105,11 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
             worst = max(v["signed_error_per_model"].items(), key=lambda kv: abs(kv[1]))
             lines.append(f"- {split}: MAPE {_pct(v['mape'])}, worst {_pct(v['max_ape'])} ({worst[0]})")
     floor = report.get("noise_floor", {})
-    lines += ["", "## Noise floor (test-retest of the measurements themselves)", ""]
+    lines += ["", "## Noise floor (test-retest of the measurements themselves)", "",
+              "Pairs of (stored label, one retest in a later window of the first profiling session). After "
+              "`hetpart profile --refine` a stored label is the lowest median over several sessions, so these "
+              "pairs show how far a *single* session's timing strays from the label, which is more than the "
+              "labels' own noise.", ""]
     for key in sorted(k for k in floor if k.startswith("retest")):
         v = floor[key]
         if isinstance(v, dict):

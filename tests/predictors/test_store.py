@@ -167,23 +167,25 @@ def test_missing_table_is_detected(tmp_path):
 
 
 def test_normalise_latency_arithmetic(tmp_path):
-    # a kernel timed at 60 us while the canary took 110 us equals 54.5 us in a window where the canary took 100 us
-    assert normalise_latency(60.0, 110.0, 100.0) == pytest.approx(60.0 * 100 / 110)
-    assert normalise_latency(60.0, 90.0, 100.0) == pytest.approx(60.0 * 100 / 90)
+    # a kernel timed at 60 us while the canary took 104 us equals 57.7 us in a window where the canary took 100 us
+    assert normalise_latency(60.0, 104.0, 100.0) == pytest.approx(60.0 * 100 / 104)
+    assert normalise_latency(60.0, 96.0, 100.0) == pytest.approx(60.0 * 100 / 96)
     assert normalise_latency(60.0, 100.0, 100.0) == pytest.approx(60.0)
-    # a canary 45% slow was contended, not a slower machine: that window is not rescaled
+    # a canary 10% or 45% slow was contended, not a slower machine: that window is not rescaled
+    assert normalise_latency(60.0, 110.0, 100.0) == pytest.approx(60.0)
     assert normalise_latency(60.0, 145.0, 100.0) == pytest.approx(60.0)
     with pytest.raises(ValueError, match="canary_us"):
         normalise_latency(60.0, 0.0, 100.0)
     with ProfileStore(tmp_path / "p.sqlite") as store:
-        store.add(row("a", session_id="s1", canary_us=100.0, median_us=40.0))
-        store.add(row("b", session_id="s1", canary_us=110.0, median_us=40.0))
+        store.add(row("a", session_id="s1", canary_us=102.0, median_us=40.0))
+        store.add(row("b", session_id="s1", canary_us=108.0, median_us=40.0))
         store.add(row("c", session_id="s2", canary_us=150.0, median_us=60.0))
         canaries = store.canary_by_session(DEVICE)
         assert canaries == {"s1": pytest.approx(105.0), "s2": pytest.approx(150.0)}
         c = store.measurements(DEVICE)[2]
         assert c.normalised_us(canaries["s1"]) == pytest.approx(60.0)      # 150 vs 105: contended canary
-        assert store.measurements(DEVICE)[1].normalised_us(canaries["s1"]) == pytest.approx(40.0 * 105.0 / 110.0)
+        assert store.measurements(DEVICE)[1].normalised_us(canaries["s1"]) == pytest.approx(40.0 * 105.0 / 108.0)
+        assert store.measurements(DEVICE)[0].normalised_us(canaries["s1"]) == pytest.approx(40.0 * 105.0 / 102.0)
         assert store.canary_by_session(DEVICE, canary_kernel="conv_other") == {}
 
 
