@@ -101,7 +101,9 @@ class ModelDatabase:
 
     def put_variant(self, name: str, device: str, target: str, tvm_version: str, family: str, tier: int,
                     aligned: bool, graph: OpGraph, node_keys: tuple[str, ...], session_id: str) -> None:
-        """Insert or refresh a variant's graph and node keys; a latency already measured is kept."""
+        """Insert or refresh a variant's graph and node keys. A latency already measured is kept while the node keys
+        are unchanged; when they change (the compiler now makes different kernels) it is dropped, since it timed
+        the old kernels."""
         if graph.level != "kernel":
             raise ProfileDatabaseError(f"model variant {name}: store its kernel-level graph, not {graph.level!r}")
         if aligned and len(node_keys) != graph.num_ops:
@@ -111,7 +113,11 @@ class ModelDatabase:
             "INSERT INTO hetpart_model_variants (name, device, target, tvm_version, family, tier, aligned, graph, "
             "node_keys, session_id, timestamp_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (name, device, target, tvm_version) DO UPDATE SET family = excluded.family, "
-            "tier = excluded.tier, aligned = excluded.aligned, graph = excluded.graph, node_keys = excluded.node_keys",
+            "tier = excluded.tier, aligned = excluded.aligned, graph = excluded.graph, "
+            "model_median_us = CASE WHEN node_keys = excluded.node_keys THEN model_median_us END, "
+            "model_spread = CASE WHEN node_keys = excluded.node_keys THEN model_spread END, "
+            "canary_us = CASE WHEN node_keys = excluded.node_keys THEN canary_us END, "
+            "node_keys = excluded.node_keys",
             (name, device, target, tvm_version, family, int(tier), int(aligned), json.dumps(graph.to_dict()),
              json.dumps(list(node_keys)), session_id, time.time()))
 
