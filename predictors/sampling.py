@@ -5,9 +5,10 @@ Sources of workloads, in tiers (lower tiers are measured first):
 * tier 0 -- every distinct fused kernel of every zoo model at batch 1 and its default size (what users deploy);
 * tier 1 -- the zoo at other batch sizes / image sizes / sequence lengths (:data:`ZOO_VARIANTS`);
 * tier 2 -- synthetic single-kernel Relax modules (conv2d+bias+relu, depthwise conv+bias+clip, matmul+bias,
-  max-pool, add+relu) whose parameters are varied *around* the geometries seen in the zoo: channels, spatial
-  size, window, stride, groups and batch (:func:`synthetic_specs`), so the fitted models see neighbours of the
-  kernels they will be asked about, not only the kernels themselves.
+  max-pool, add+relu, chains of ``t`` sigmoid/tanh/erf members closed by a multiply-add as in RNN cells and
+  GELU, layer norm) whose parameters are varied *around* the geometries seen in the zoo: channels, spatial
+  size, window, stride, groups, batch, rows/columns and chain length (:func:`synthetic_specs`), so the fitted
+  models see neighbours of the kernels they will be asked about, not only the kernels themselves.
 
 Synthetic modules go through exactly the same path as the zoo models (``predictors.zoo_profile``): features from
 ``tvm_passes.extract``'s kernel graph, kernels from the deployment pipeline. :func:`prioritise` dedupes
@@ -78,7 +79,8 @@ def zoo_variants(include_variants: bool = True, models: Sequence[str] | None = N
 # ---------------------------------------------------------------------------------------------- synthetic
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """A single-kernel workload: ``op`` in conv2d | depthwise_conv2d | matmul | max_pool2d | add_relu."""
+    """A single-kernel workload: ``op`` in conv2d | depthwise_conv2d | matmul | max_pool2d | add_relu | gates |
+    layer_norm."""
 
     op: str
     items: tuple[tuple[str, int], ...] = ()     # sorted (parameter, value) pairs; hashable
@@ -98,7 +100,7 @@ class SyntheticSpec:
     def validate(self) -> "SyntheticSpec":
         need = {"conv2d": {"n", "ci", "co", "hw", "k", "stride"}, "depthwise_conv2d": {"n", "c", "hw", "k", "stride"},
                 "matmul": {"m", "k", "n"}, "max_pool2d": {"n", "c", "hw", "k", "stride"},
-                "add_relu": {"n", "c", "hw"}}
+                "add_relu": {"n", "c", "hw"}, "gates": {"m", "n", "t"}, "layer_norm": {"m", "n"}}
         if self.op not in need or set(self.params) != need[self.op]:
             raise PredictorError(f"synthetic spec {self.op!r} needs parameters {sorted(need.get(self.op, []))}; "
                                  f"found {sorted(self.params)}")
@@ -122,8 +124,10 @@ def build_synthetic_module(spec: SyntheticSpec, seed: int = 0) -> Any:
     if spec.op in ("conv2d", "depthwise_conv2d", "max_pool2d", "add_relu"):
         c_in = p["ci"] if spec.op == "conv2d" else p["c"]
         x = relax.Var("x", relax.TensorType([p["n"], c_in, p["hw"], p["hw"]], "float32"))
-    else:
+    elif spec.op == "matmul":
         x = relax.Var("x", relax.TensorType([p["m"], p["k"]], "float32"))
+    else:
+        x = relax.Var("x", relax.TensorType([p["m"], p["n"]], "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             if spec.op in ("conv2d", "depthwise_conv2d"):
@@ -137,6 +141,13 @@ def build_synthetic_module(spec: SyntheticSpec, seed: int = 0) -> Any:
             elif spec.op == "matmul":
                 y = bb.emit(relax.op.matmul(x, const([p["k"], p["n"]])))
                 y = bb.emit(relax.op.add(y, const([p["n"]])))
+            elif spec.op == "gates":      # t transcendental members, then the multiply-add of an RNN cell
+                y = x
+                for i in range(p["t"]):
+                    y = bb.emit((relax.op.sigmoid, relax.op.tanh, relax.op.erf)[i % 3](y))
+                y = bb.emit(relax.op.add(relax.op.multiply(y, x), x))
+            elif spec.op == "layer_norm":
+                y = bb.emit(relax.op.nn.layer_norm(x, const([p["n"]]), const([p["n"]]), axes=[-1]))
             elif spec.op == "max_pool2d":
                 y = bb.emit(relax.op.nn.max_pool2d(x, pool_size=p["k"], strides=p["stride"], padding=p["k"] // 2))
             else:
@@ -201,6 +212,23 @@ def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 600, seed: int
             for c in _near(base["c"], (0.5, 1.5)):
                 add("max_pool2d", **{**base, "c": c})
             add("max_pool2d", **{**base, "hw": max(4, base["hw"] // 2)})
+        elif kind == "elementwise" and f["transcendental_ops"] >= 1 and node.output_shapes:
+            out = node.output_shapes[0]
+            base = dict(m=max(1, int(np.prod(out[:-1]))), n=int(out[-1]) if out else 1,
+                        t=int(f["transcendental_ops"]))
+            for m in _near(base["m"], (0.25, 0.5, 2.0, 4.0)):
+                add("gates", **{**base, "m": m})
+            for cols in _near(base["n"], (0.5, 1.5)):
+                add("gates", **{**base, "n": cols})
+            for t in _near(base["t"], (0.5, 2.0)):
+                add("gates", **{**base, "t": t})
+        elif kind == "reduction" and "nn.layer_norm" in node.op and node.output_shapes:
+            out = node.output_shapes[0]
+            base = dict(m=max(1, int(np.prod(out[:-1]))), n=int(out[-1]))
+            for m in _near(base["m"], (0.25, 0.5, 2.0, 4.0)):
+                add("layer_norm", **{**base, "m": m})
+            for cols in _near(base["n"], (0.5, 2.0)):
+                add("layer_norm", **{**base, "n": cols})
         elif kind == "elementwise" and len(node.output_shapes) == 1 and len(node.output_shapes[0]) == 4:
             n4, c4, h4, _ = node.output_shapes[0]
             for c in _near(int(c4), (0.5, 2.0)):

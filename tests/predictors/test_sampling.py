@@ -6,7 +6,7 @@ import pytest
 
 from hetpart.errors import PredictorError
 from predictors import sampling
-from predictors.features import kernel_kind
+from predictors.features import feature_vector, kernel_kind
 from predictors.sampling import Candidate, SyntheticSpec
 from tests.predictors.synthetic_kernels import conv_node, elementwise_node, matmul_node, pool_node
 
@@ -70,6 +70,22 @@ def test_synthetic_specs_vary_one_parameter_around_zoo_kernels_and_dedupe():
     assert few == sampling.synthetic_specs(seeds, max_specs=5, seed=1)    # seeded
 
 
+def test_rnn_cell_and_layer_norm_kernels_seed_their_own_variations():
+    from hetpart.graph import OpNode
+
+    def node(op, shape):
+        return OpNode(id=0, name="k", op=op, input_shapes=(shape,), input_dtypes=("float32",),
+                      output_shapes=(shape,), output_dtypes=("float32",))
+
+    specs = sampling.synthetic_specs([node("fused:sigmoid+sigmoid+tanh+multiply+multiply+add", (1, 650)),
+                                      node("relax.nn.layer_norm", (1, 128, 256))])
+    gates = [s.params for s in specs if s.op == "gates"]
+    assert {"m": 4, "n": 650, "t": 3} in gates and {"m": 1, "n": 650, "t": 6} in gates
+    assert all(sum(g[k] != v for k, v in {"m": 1, "n": 650, "t": 3}.items()) == 1 for g in gates)
+    norms = [s.params for s in specs if s.op == "layer_norm"]
+    assert {"m": 256, "n": 256} in norms and {"m": 128, "n": 512} in norms
+
+
 def test_synthetic_spec_rejects_wrong_parameters():
     with pytest.raises(PredictorError, match="needs parameters"):
         SyntheticSpec.of("conv2d", n=1, ci=3)
@@ -84,6 +100,8 @@ def test_synthetic_spec_rejects_wrong_parameters():
     (SyntheticSpec.of("matmul", m=8, k=64, n=40), "matmul", (8, 40)),
     (SyntheticSpec.of("max_pool2d", n=1, c=8, hw=16, k=3, stride=2), "pool", (1, 8, 8, 8)),
     (SyntheticSpec.of("add_relu", n=1, c=8, hw=8), "elementwise", (1, 8, 8, 8)),
+    (SyntheticSpec.of("gates", m=4, n=650, t=3), "elementwise", (4, 650)),
+    (SyntheticSpec.of("layer_norm", m=128, n=256), "reduction", (128, 256)),
 ])
 def test_synthetic_modules_extract_to_one_kernel_of_the_intended_kind(spec, kind, shape):
     from tvm_passes.extract import extract_op_graph
@@ -93,5 +111,7 @@ def test_synthetic_modules_extract_to_one_kernel_of_the_intended_kind(spec, kind
     node = graph.nodes[0]
     assert kernel_kind(node) == kind
     assert tuple(node.output_shapes[0]) == shape
-    assert node.param_bytes > 0 or spec.op == "max_pool2d"               # weights are constants, like the zoo
+    assert node.param_bytes > 0 or spec.op in ("max_pool2d", "gates")    # weights are constants, like the zoo
+    if spec.op == "gates":                                                # one fused chain: 3 costly members
+        assert feature_vector(node)["transcendental_ops"] == 3
     assert np.isfinite(node.flops)
