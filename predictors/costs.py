@@ -2,7 +2,8 @@
 
 Each device of the :class:`~hetpart.devices.DeviceSet` needs a predictor: any object with
 ``predict(nodes) -> np.ndarray`` (µs) and a ``source`` attribute — ``"predicted"`` for a fitted
-:class:`~predictors.device_predictor.DevicePredictor`, ``"analytic"`` for :class:`~predictors.analytic.AnalyticGpuModel`.
+:class:`~predictors.device_predictor.DevicePredictor`, ``"analytic"`` for
+:class:`~predictors.analytic.AnalyticGpuModel`.
 On a kernel-level graph a predictor's ``predict_in_context`` (when it has one) gives the kernel's latency inside
 a model, not in isolation. Entries found in ``measured`` replace predictions and are labelled ``"measured"``.
 Copy links come from the DeviceSet (the CostTable reads them from there).

@@ -23,13 +23,14 @@ never measured (also with an :class:`~hetpart.errors.ExtrapolationWarning`). And
 ``max_departure``x of that work-scaled nearest measured kernel (a trust region). Both guards were added after
 leave-one-family-out, where unseen kernel families land between training points: without them the polynomial
 predicted BERT's reshape+permute kernels (2-5 µs) at 55 ms and the kernel MAPE was 2,095%; with radius 2 and
-departure 3x it was 95% (radius 2 alone: 211%, departure 10x: 105%); leave-one-model-out was unchanged or better.
+departure 3x it was 95-99% (radius 2 alone: 211%, departure 10x: 105%); leave-one-model-out was unchanged or
+better.
 Every log prediction is held within [min / 10, max × ``extrapolation_limit``] of the training latencies, so the
 model never explodes. The training points are stored with the coefficients for this.
 
 Degree: 1 or 2 by default. Degree 3 was tried: on leave-one-model-out it predicted fused elementwise kernels of
 an unseen model up to 10^4x off (a cubic in six log features swings wildly between training points), while
-degree <= 2 kept every model within 40%.
+degree <= 2 kept every whole-model error of that experiment within 40%.
 
 **Local residual correction.** A smooth polynomial cannot follow the steps the compiler's schedule choices put
 into latency (a tile that does not divide a loop, a vector width that falls back to scalar code). The model
