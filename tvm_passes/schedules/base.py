@@ -12,7 +12,6 @@ import logging
 import os
 from dataclasses import dataclass
 
-import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -67,6 +66,12 @@ def loop_extent(sch: s_tir.Schedule, loop: s_tir.schedule.LoopRV) -> int | None:
     """Static extent of a loop, or None when it is symbolic."""
     extent = sch.get(loop).extent
     return int(extent.value) if isinstance(extent, tirx.IntImm) else None
+
+
+def static_extents(sch: s_tir.Schedule, loops: list[s_tir.schedule.LoopRV]) -> list[int] | None:
+    """Static extents of ``loops``, or None when any of them is symbolic."""
+    extents = [loop_extent(sch, loop) for loop in loops]
+    return None if any(extent is None for extent in extents) else extents
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import CpuRule, loop_extent, summarize_blocks, vector_lanes
+from .base import CpuRule, static_extents, summarize_blocks, vector_lanes
 from .contraction import TilePlan, pick_factor, schedule_contraction
 
 CHANNEL_TILE = 8  # NCHW weights: 8 output channels share each input vector load (8 accumulators)
@@ -67,8 +67,8 @@ class Conv2dNCHW(CpuRule):
         if name is None:
             return None
         loops = sch.get_loops(sch.get_sblock(name))
-        extents = [loop_extent(sch, loop) for loop in loops]
-        if any(extent is None for extent in extents):
+        extents = static_extents(sch, loops)
+        if extents is None:
             return None
         lanes = vector_lanes(target)
         if weight_is_channel_innermost(sch, name) and extents[1] % lanes == 0:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import CpuRule, inline_injective_producers, loop_extent, num_cores, summarize_blocks, vector_lanes
+from .base import (CpuRule, inline_injective_producers, loop_extent, num_cores, static_extents,
+                   summarize_blocks, vector_lanes)
 
 MIN_PARALLEL_ELEMENTS = 4096  # below this a parallel launch costs more than it saves (~1-3 us/launch)
 
@@ -29,8 +30,8 @@ def parallel_vectorize_nest(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
     loops = sch.get_loops(block)
     if not loops:
         return
-    extents = [loop_extent(sch, loop) for loop in loops]
-    if any(extent is None for extent in extents):
+    extents = static_extents(sch, loops)
+    if extents is None:
         return
     split_at, inner_elements = len(loops), 1
     while split_at > 0 and inner_elements < INNER_TARGET_ELEMENTS:

@@ -12,7 +12,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import CpuRule, loop_extent, summarize_blocks, vector_lanes
+from .base import CpuRule, static_extents, summarize_blocks, vector_lanes
 from .contraction import TilePlan, pick_factor, schedule_contraction
 
 VECTORS_MAX = 4  # column tile: up to 4 SIMD registers wide
@@ -98,8 +98,8 @@ class Matmul(CpuRule):
         if name is None:
             return None
         loops = sch.get_loops(sch.get_sblock(name))
-        extents = [loop_extent(sch, loop) for loop in loops]
-        if any(extent is None for extent in extents):
+        extents = static_extents(sch, loops)
+        if extents is None:
             return None
         n_spatial = len(extents) - 1
         reg_axis = _row_axis(sch, name, n_spatial, extents)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import CpuRule, inline_injective_producers, loop_extent, num_cores, summarize_blocks, vector_lanes
+from .base import (CpuRule, inline_injective_producers, loop_extent, num_cores, static_extents,
+                   summarize_blocks, vector_lanes)
 
 MIN_PARALLEL_WORK = 4096  # iterations (spatial x reduction) below which a parallel region does not pay
 
@@ -36,8 +37,8 @@ def parallelize_outer_spatial(sch: s_tir.Schedule, block: s_tir.schedule.SBlockR
     kinds = _iter_kind_of_loops(sch, block)
     if kinds is None:
         return False
-    extents = [loop_extent(sch, loop) for loop in loops]
-    if any(extent is None for extent in extents):
+    extents = static_extents(sch, loops)
+    if extents is None:
         return False
     changed = False
     lanes = vector_lanes(target)
