@@ -162,16 +162,17 @@ class PolynomialLatencyModel(RegressorMixin, BaseEstimator):
         if self.residual_columns is not None:
             cols = list(self.residual_columns)
             z_query, z_anchor = z_query[:, cols], z_anchor[:, cols]
-        k = min(int(self.residual_neighbours), len(z_anchor))
         out = np.empty(len(z_query))
-        for start in range(0, len(z_query), 256):
-            chunk = z_query[start:start + 256]
-            d2 = ((chunk[:, None, :] - z_anchor[None, :, :]) ** 2).sum(axis=2)
-            nearest = np.argpartition(d2, k - 1, axis=1)[:, :k]
-            d2k = np.take_along_axis(d2, nearest, axis=1)
-            w = np.exp(-d2k / (2.0 * bandwidth ** 2))
-            out[start:start + 256] = (w * residual[nearest]).sum(axis=1) / (self.residual_prior + w.sum(axis=1))
+        for start, d2 in _chunked_sq_distances(z_query, z_anchor):
+            out[start:start + len(d2)] = self._weighted_residual(d2, residual, bandwidth)
         return out
+
+    def _weighted_residual(self, d2: np.ndarray, residual: np.ndarray, bandwidth: float) -> np.ndarray:
+        """Rows of squared distances to the anchors -> the correction of each row."""
+        k = min(int(self.residual_neighbours), d2.shape[1])
+        nearest = np.argpartition(d2, k - 1, axis=1)[:, :k]
+        w = np.exp(-np.take_along_axis(d2, nearest, axis=1) / (2.0 * bandwidth ** 2))
+        return (w * residual[nearest]).sum(axis=1) / (self.residual_prior + w.sum(axis=1))
 
     # ------------------------------------------------------------------ predict
     def predict(self, X: Any) -> np.ndarray:
@@ -191,12 +192,18 @@ class PolynomialLatencyModel(RegressorMixin, BaseEstimator):
                 f"work ratio). Profile workloads that cover these sizes and refit."),
                 stacklevel=2)
         log_t = self._log_poly(np.clip(X, self.feature_min_, self.feature_max_))
-        z_anchor = self._z(self.anchors_)
+        z_query, z_anchor = self._z(X), self._z(self.anchors_)
         nearest, distance = np.empty(len(X), dtype=np.int64), np.empty(len(X))
-        for start in range(0, len(X), 256):
-            d2 = ((self._z(X[start:start + 256])[:, None, :] - z_anchor[None, :, :]) ** 2).sum(axis=2)
-            nearest[start:start + 256] = np.argmin(d2, axis=1)
-            distance[start:start + 256] = np.sqrt(d2.min(axis=1))
+        correct = self.residual_bandwidth_ > 0
+        shared = correct and self.residual_columns is None    # the correction can reuse these distances
+        correction = np.zeros(len(X))
+        for start, d2 in _chunked_sq_distances(z_query, z_anchor):
+            rows = slice(start, start + len(d2))
+            nearest[rows], distance[rows] = np.argmin(d2, axis=1), np.sqrt(d2.min(axis=1))
+            if shared:
+                correction[rows] = self._weighted_residual(d2, self.anchor_residuals_, self.residual_bandwidth_)
+        if correct and not shared:
+            correction = self._correction(z_query, z_anchor, self.anchor_residuals_, self.residual_bandwidth_)
         outside = distance > self.support_radius
         if (outside & ~high.any(axis=1)).any():
             warnings.warn(ExtrapolationWarning(
@@ -212,9 +219,7 @@ class PolynomialLatencyModel(RegressorMixin, BaseEstimator):
         log_neighbour = self._log_poly(anchor) + self.anchor_residuals_[nearest] + np.log(ratio)
         above = np.flatnonzero(high.any(axis=1) | outside)
         log_t[above] = log_neighbour[above] - self.anchor_residuals_[nearest[above]]
-        if self.residual_bandwidth_ > 0:
-            log_t += self._correction(self._z(X), z_anchor, self.anchor_residuals_,
-                                      self.residual_bandwidth_)
+        log_t += correction
         # Trust region: never depart more than max_departure x from the work-scaled nearest measured kernel.
         span = np.log(self.max_departure)
         log_t = np.clip(log_t, log_neighbour - span, log_neighbour + span)
@@ -260,3 +265,9 @@ class PolynomialLatencyModel(RegressorMixin, BaseEstimator):
             raise SchemaError(f"polynomial model JSON is malformed ({type(exc).__name__}: {exc}); "
                               "re-create it with `hetpart fit`") from exc
         return model
+
+
+def _chunked_sq_distances(z_query: np.ndarray, z_anchor: np.ndarray, rows: int = 256):
+    """(first row, squared distances of up to ``rows`` queries to every anchor), chunk by chunk (bounded memory)."""
+    for start in range(0, len(z_query), rows):
+        yield start, ((z_query[start:start + rows, None, :] - z_anchor[None, :, :]) ** 2).sum(axis=2)
