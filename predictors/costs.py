@@ -4,8 +4,8 @@ Each device of the :class:`~hetpart.devices.DeviceSet` needs a predictor: any ob
 ``predict(nodes) -> np.ndarray`` (µs) and a ``source`` attribute — ``"predicted"`` for a fitted
 :class:`~predictors.device_predictor.DevicePredictor`, ``"analytic"`` for
 :class:`~predictors.analytic.AnalyticGpuModel`.
-On a kernel-level graph a predictor's ``predict_in_context`` (when it has one) gives the kernel's latency inside
-a model, not in isolation. Entries found in ``measured`` replace predictions and are labelled ``"measured"``.
+On a kernel-level graph the predictor's in-model terms (``predictor.context``, when it has them) are added: the
+kernel's latency inside a model, not in isolation. Entries found in ``measured`` replace predictions and are labelled ``"measured"``.
 Copy links come from the DeviceSet (the CostTable reads them from there).
 
 Support (unless ``supported`` is given): every op runs on a CPU. On a GPU, ops that compute only shapes or
@@ -23,6 +23,7 @@ from hetpart.costs import SOURCES, CostTable
 from hetpart.devices import DeviceSet
 from hetpart.errors import InvalidCostTableError, PredictorError
 from hetpart.graph import OpGraph, OpNode
+from predictors.context import predict_in_context_us
 from predictors.features import member_ops
 
 logger = logging.getLogger(__name__)
@@ -97,11 +98,9 @@ def build_cost_table(graph: OpGraph, predictors: Mapping[str, Any], devices: Dev
 
 
 def predict(predictor: Any, nodes: list[OpNode], level: str) -> np.ndarray:
-    """Kernels: latency inside a model (``predict_in_context`` when the predictor has it: isolated latency plus
-    the fitted per-kernel overhead and cold-weight time, :mod:`predictors.context`). Ops: isolated latency."""
-    if level == "kernel" and hasattr(predictor, "predict_in_context"):
-        return predictor.predict_in_context(nodes)
-    return predictor.predict(nodes)
+    """Kernels: latency inside a model (isolated latency plus the predictor's fitted per-kernel overhead and
+    cold-weight time, :func:`predictors.context.predict_in_context_us`). Ops: isolated latency."""
+    return predict_in_context_us(nodes, predictor) if level == "kernel" else predictor.predict(nodes)
 
 
 def _fully_measured(measured: Mapping[str, Mapping[int, float]] | None, device: str, n: int) -> bool:

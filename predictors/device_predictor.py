@@ -21,7 +21,7 @@ import numpy as np
 
 from hetpart.errors import ExtrapolationWarning, PredictorError, SchemaError
 from hetpart.graph import OpNode
-from predictors.context import ContextTerms, fit_context_terms
+from predictors.context import ContextTerms, fit_context_terms, predict_in_context_us
 from predictors.features import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES, RESIDUAL_EXCLUDED,
                                  feature_matrix, feature_vector, kernel_kind, vectors_to_matrix)
 from predictors.polynomial import PolynomialLatencyModel
@@ -123,8 +123,7 @@ class DevicePredictor:
 
     def predict_in_context(self, nodes: Sequence[OpNode]) -> np.ndarray:
         """Latency of each kernel inside a model: :meth:`predict` + the context terms (µs)."""
-        nodes = list(nodes)
-        return self.predict(nodes) + self.context.extra_us(nodes)
+        return predict_in_context_us(nodes, self)
 
     # ------------------------------------------------------------------ provenance + JSON
     def provenance(self) -> dict[str, Any]:
