@@ -29,6 +29,11 @@ from tvm_passes.annotate import op_bindings
 
 log = logging.getLogger(__name__)
 
+# Bump whenever a change here alters the features of an unchanged model (stored kernel features are then
+# re-extracted by `hetpart profile`; timings are kept). 2: a call_tir's (activation, constant) operand tuple no
+# longer splits its bytes evenly between the two, which had counted half of each activation as a parameter.
+EXTRACTOR_VERSION = 2
+
 _DATA_MOVEMENT = {
     "reshape", "permute_dims", "expand_dims", "squeeze", "flatten", "concat", "split", "strided_slice",
     "take", "broadcast_to", "tile", "repeat", "stack", "layout_transform", "astype", "to_vdevice",
@@ -51,6 +56,19 @@ def _tensor_types(ty) -> list:
     if isinstance(ty, relax.TupleType):
         return [t for f in ty.fields for t in _tensor_types(f)]
     return []
+
+
+def _flatten_tuple_args(args) -> list:
+    """Operands with literal tuples opened up, so ``call_tir(f, (activation, const))`` counts each on its own."""
+    from tvm import relax
+
+    flat = []
+    for arg in args:
+        if isinstance(arg, relax.Tuple):
+            flat.extend(_flatten_tuple_args(arg.fields))
+        else:
+            flat.append(arg)
+    return flat
 
 
 def _static_shape(ty) -> tuple[int, ...]:
@@ -186,14 +204,16 @@ class _Extractor:
         producers: dict[int, int] = {}
         graph_inputs: list[str] = []
         param_bytes = 0
-        for arg in call.args:
+        for arg in _flatten_tuple_args(call.args):
             sources = self._sources(arg)
             arg_sizes = self._operand_bytes(arg)
             if not sources:
                 continue
-            for src, item in sources:
+            for k, (src, item) in enumerate(sources):
                 if src[0] == "param":
-                    param_bytes += sum(arg_sizes) // max(1, len(sources))
+                    # a tuple-typed operand (e.g. a var bound to a tuple) pairs each source with its field
+                    param_bytes += (arg_sizes[k] if len(arg_sizes) == len(sources)
+                                    else sum(arg_sizes) // max(1, len(sources)))
                 elif src[0] == "input":
                     graph_inputs.append(src[1])
                     self.input_consumers[src[1]].add(op_id)

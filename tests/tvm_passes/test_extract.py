@@ -123,3 +123,21 @@ def test_json_round_trip_of_extracted_graph(graph, tmp_path):
 
     graph.save(tmp_path / "g.json")
     assert OpGraph.load(tmp_path / "g.json") == graph
+
+
+def test_call_tir_counts_only_its_constant_operands_as_parameters():
+    """ONNX Clip/ReLU6 import as call_tir(maximum, (activation, constant)): the activation is not a parameter
+    (an even split of the tuple's bytes once counted half of it, 2 MB per ReLU6 at 224 px in MobileNetV2)."""
+    from tvm import relax, topi
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 8, 4, 4], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(np.ones((8, 8, 1, 1), "float32"))))
+            z = bb.emit_output(bb.emit_te(topi.maximum, y, relax.const(0.0, "float32")))
+        bb.emit_func_output(z)
+    conv, clip = extract_op_graph(bb.get(), name="relu").nodes
+    assert clip.op == "relax.call_tir" and clip.input_shapes == ((1, 8, 4, 4), ())
+    assert clip.param_bytes == 4 and clip.inputs == (conv.id,)
+    assert conv.param_bytes == 8 * 8 * 4
