@@ -10,11 +10,17 @@ Public API (used by tvm_passes.build and predictors.profiler):
   conv rule can vectorise over output channels; ``cpu_pipeline`` runs it, other pipelines may add it.
 """
 
+# Bump whenever a rule or layout pass change makes an unchanged operator compile to a different kernel, so
+# `hetpart profile` rebuilds stored workloads (new kernels are measured; the old rows go stale, see
+# predictors.training). 2: stride-1 1x1 convs whose rows have no divisor near the vector width are prepacked.
+RULES_VERSION = 2
+
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights
 from .pipeline import cpu_pipeline, cpu_schedule_pass, default_cpu_target, default_rules
 
 __all__ = [
+    "RULES_VERSION",
     "RULE_ATTR",
     "SCHEDULED_ATTR",
     "CpuRule",

@@ -24,6 +24,16 @@ WIDE_CHANNEL_VECTORS = 2
 WIDE_MIN_REDUCTION = 1024
 
 
+def column_vector_factor(out_width: int, lanes: int) -> int:
+    """Vector length over output columns when the weights stay OIHW (one input row vector per channel tile).
+
+    A divisor of the row when one exists near ``lanes``, so no predicated tail; it can exceed ``lanes`` when the
+    width has no divisor in ``[lanes/2, lanes]`` (27 -> 27, 57 -> 19).  :mod:`.layout` prepacks such convs
+    to channel vectors instead.
+    """
+    return pick_factor(out_width, lanes, minimum=max(4, lanes // 2), multiple_of=lanes)
+
+
 def find_conv_block(sch: s_tir.Schedule) -> str | None:
     """Name of the single NCHW conv-like block (SSSSRRR), or None."""
     blocks = summarize_blocks(sch)
@@ -89,7 +99,7 @@ class Conv2dNCHW(CpuRule):
                 reg_axis=1,
                 reg_factor=pick_factor(extents[1], CHANNEL_TILE, minimum=4),
                 vec_axis=3,
-                vec_factor=pick_factor(extents[3], lanes, minimum=max(4, lanes // 2), multiple_of=lanes),
+                vec_factor=column_vector_factor(extents[3], lanes),
                 n_spatial=4,
                 n_reduction=3,
             )

@@ -6,8 +6,8 @@ spatial size, 7x7 included) needs ``f`` contiguous.  This pass permutes each *co
 dense (groups == 1) NCHW conv2d to IHWO with numpy at compile time and sets ``kernel_layout="IHWO"``;
 TOPI's generic ``conv`` legalises any kernel-layout permutation, so data and output stay NCHW and the rest
 of the model is untouched.  Weights that are not constants (e.g. passed as inputs), grouped/depthwise convs
-output channel counts that are not a multiple of the vector width, and stride-1 1x1 convs (faster with
-column vectors, see ``_should_prepack``) are left as they are.
+output channel counts that are not a multiple of the vector width, and stride-1 1x1 convs whose rows fit
+column vectors (faster that way, see ``_should_prepack``) are left as they are.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import tvm
 from tvm import relax
+
+from .conv2d import column_vector_factor
 
 PREPACKED_KERNEL_LAYOUT = "IHWO"
 
@@ -32,12 +34,19 @@ def _should_prepack(call: relax.Call, lanes: int) -> bool:
         return False
     pointwise = int(shape[2]) == 1 and int(shape[3]) == 1 and all(int(s) == 1 for s in attrs.strides)
     out_width = call.ty.shape.values[3] if isinstance(call.ty, relax.TensorType) and call.ty.shape else None
-    narrow = isinstance(out_width, tvm.tirx.IntImm) and int(out_width.value) <= lanes // 2
+    if not pointwise:
+        return True
+    if not isinstance(out_width, tvm.tirx.IntImm):
+        return False
+    width = int(out_width.value)
     # Measured (interleaved, 2 threads): a stride-1 1x1 conv is a GEMM along the contiguous columns and is
     # faster with column vectors (24->144 ch at 56x56: 0.10 vs 0.53 ms) unless its rows are too narrow to
-    # fill a vector (7x7 maps); every spatial or strided conv is faster with output-channel vectors (no
-    # strided input gathers, no lanes wasted on 7- or 14-wide rows).
-    return not pointwise or narrow
+    # fill a vector (7x7 maps) or have no divisor near the vector width, so the column vector is longer than
+    # one register (AVX-512, 32->128 ch: width 27 -> 27-lane vectors 214 vs 40 us prepacked, 29: 244 vs 44,
+    # 31: 290 vs 64, 57 -> 19 lanes: 1270 vs 229; widths 26/28/30/55/56 stay faster with columns, 0.67-0.95x).
+    # Every spatial or strided conv is faster with output-channel vectors (no strided input gathers, no lanes
+    # wasted on 7- or 14-wide rows).
+    return width <= lanes // 2 or column_vector_factor(width, lanes) > lanes
 
 
 def prepack_conv_weights(lanes: int = 16) -> tvm.transform.Pass:

@@ -89,6 +89,7 @@ CONV_CASES = [
     pytest.param(24, 32, 9, 3, 1, 1, id="3x3-width9-ragged"),
     pytest.param(16, 32, 15, 3, 2, 1, id="3x3-stride2-odd"),
     pytest.param(20, 24, 13, 1, 1, 1, id="1x1-ragged-channels"),
+    pytest.param(16, 32, 27, 1, 1, 1, id="1x1-width27-prepacked"),
     pytest.param(20, 20, 15, 3, 2, 20, id="depthwise-stride2"),
     pytest.param(16, 24, 11, 3, 1, 4, id="grouped"),
 ]
@@ -123,7 +124,16 @@ def _kernel_layouts(mod):
     return sorted(layouts)
 
 
-def test_prepack_rewrites_spatial_and_narrow_pointwise_convs_only():
+@pytest.mark.parametrize("width,pointwise_layout", [
+    pytest.param(28, "OIHW", id="columns-fit-28->14-lanes"),
+    pytest.param(32, "OIHW", id="columns-fit-32->16-lanes"),
+    pytest.param(6, PREPACKED_KERNEL_LAYOUT, id="narrow"),
+    pytest.param(27, PREPACKED_KERNEL_LAYOUT, id="ragged-27->27-lanes"),
+    pytest.param(20, PREPACKED_KERNEL_LAYOUT, id="ragged-20->20-lanes"),
+])
+def test_prepack_rewrites_spatial_narrow_and_ragged_pointwise_convs_only(width, pointwise_layout):
+    """3x3 convs always get channel vectors, depthwise never; a stride-1 1x1 conv only when its rows are too
+    narrow for a column vector or have no divisor near 16 lanes (a longer, multi-register column vector)."""
     w3 = relax.const(RNG.randn(32, 16, 3, 3).astype("float32"))
     w1 = relax.const(RNG.randn(32, 32, 1, 1).astype("float32"))
     depthwise = relax.const(RNG.randn(32, 1, 3, 3).astype("float32"))
@@ -132,10 +142,8 @@ def test_prepack_rewrites_spatial_and_narrow_pointwise_convs_only():
         return relax.op.nn.conv2d(relax.op.nn.conv2d(relax.op.nn.conv2d(x, w3, padding=1), w1), depthwise,
                                   padding=1, groups=32)
 
-    wide = prepack_conv_weights(16)(_module([("x", (1, 16, 20, 20), "float32")], body))
-    assert _kernel_layouts(wide) == sorted([PREPACKED_KERNEL_LAYOUT, "OIHW", "OIHW"])
-    narrow = prepack_conv_weights(16)(_module([("x", (1, 16, 6, 6), "float32")], body))
-    assert _kernel_layouts(narrow) == sorted([PREPACKED_KERNEL_LAYOUT, PREPACKED_KERNEL_LAYOUT, "OIHW"])
+    packed = prepack_conv_weights(16)(_module([("x", (1, 16, width, width), "float32")], body))
+    assert _kernel_layouts(packed) == sorted([PREPACKED_KERNEL_LAYOUT, pointwise_layout, "OIHW"])
 
 
 @pytest.mark.parametrize(
