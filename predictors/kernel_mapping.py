@@ -4,8 +4,8 @@ Features must be identical at training and at prediction time. At prediction tim
 nodes of ``tvm_passes.extract.extract_op_graph(mod).kernel_graph()``; so each measured deployment kernel takes
 its features from that graph. :func:`map_kernels` pairs them: the i-th ``call_tir`` of the fused ``main`` of
 the deployment pipeline is usually node i; :func:`align_calls` pairs each call with an unpaired node with the
-same output shapes (same op names preferred, nearest position), which also covers branches the two orders list
-differently. Every pairing is verified by output shapes; nodes left without a kernel must be host-side shape
+same output shapes (same operand sizes and op names preferred, nearest position), which also covers branches the
+two orders list differently. Every pairing is verified by output shapes; nodes left without a kernel must be host-side shape
 computations. On any mismatch the model's kernels keep the TIR-derived features of
 :func:`predictors.profiler.kernels_of_module`, a warning is logged, ``aligned`` is False and
 :data:`ALIGNMENT_STATS` counts it (``predictors.training`` leaves such rows out of fits and counts them).
@@ -27,6 +27,9 @@ from predictors.profiler import (KernelProfiler, KernelWorkload, _fuse_for_deplo
 logger = logging.getLogger(__name__)
 
 ALIGNMENT_STATS = {"aligned": 0, "fallback_tir": 0}     # per process: how often map_kernels fell back
+# Bump when the pairing rule changes (stored node keys and features are then refreshed by `hetpart profile`).
+# 2: operand sizes break ties between nodes with equal output shapes (GoogLeNet's branches, BERT's attention).
+ALIGNMENT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -74,28 +77,41 @@ def op_tokens(name: str) -> tuple[str, ...]:
                  if t not in _NAME_NOISE)
 
 
-def align_calls(calls: Sequence[tuple[str, tuple]], graph: OpGraph) -> tuple[list[int] | None, str, int]:
+def operand_sizes(shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """Element counts of the non-scalar operands, sorted: equal for a kernel-graph node and its deployment kernel
+    even when the kernel's weights are stored in another layout (prepacked) or its scalars are inlined."""
+    return tuple(sorted(n for n in (int(np.prod(s)) for s in shapes) if n > 1))
+
+
+def align_calls(calls: Sequence[tuple], graph: OpGraph) -> tuple[list[int] | None, str, int]:
     """Node index of each deployment call, or (None, why) when they cannot be paired.
 
-    Call i is paired with an unpaired node with the same output shapes -- one whose op tokens equal the call's
-    when there is one -- nearest to position i (usually node i itself: same order). Returns also how many pairs
-    had equal shapes but different op tokens. Every call must find a node; nodes left unpaired must be ones that
-    run no kernel in deployment (shape computations the VM does on the host), else the pairing fails.
+    ``calls`` are ``(kernel name, output shapes)`` or ``(kernel name, output shapes, input shapes)``. Call i is
+    paired with an unpaired node with the same output shapes, preferring -- in this order -- one with the same
+    operand sizes (:func:`operand_sizes`) and op tokens, the same operand sizes, the same op tokens; ties go to
+    the node nearest to position i (usually node i itself: same order). Inception-style branches write equal
+    shapes from different convolutions, so the output shape alone would pair a 1x1 conv with a 3x3 one. Returns
+    also how many pairs had equal shapes but different op tokens. Every call must find a node; nodes left
+    unpaired must be ones that run no kernel in deployment (shape computations the VM does on the host), else
+    the pairing fails.
     """
     if len(calls) > graph.num_ops:
         return None, f"{len(calls)} deployment kernels but only {graph.num_ops} kernel-graph nodes", 0
     free = set(range(graph.num_ops))
     shapes = [tuple(tuple(s) for s in n.output_shapes) for n in graph.nodes]
+    sizes = [operand_sizes(n.input_shapes) for n in graph.nodes]
     tokens = [op_tokens(n.op if n.op.startswith("fused:") else n.op) for n in graph.nodes]
     out, token_mismatches = [], 0
-    for i, (func_name, call_shapes) in enumerate(calls):
+    for i, call in enumerate(calls):
+        func_name, call_shapes = call[0], call[1]
+        call_sizes = operand_sizes(call[2]) if len(call) > 2 else None
         same_shape = [j for j in free if shapes[j] == call_shapes]
         if not same_shape:
             return None, (f"position {i}: kernel {func_name} writes {list(call_shapes)}; no unpaired kernel-graph "
                           f"node writes that (node {i}: {graph.nodes[i].op} writes {list(shapes[i])})"), 0
-        same_ops = [j for j in same_shape if tokens[j] == op_tokens(func_name)]
-        token_mismatches += not same_ops
-        j = min(same_ops or same_shape, key=lambda j: (abs(j - i), j))
+        call_tokens = op_tokens(func_name)
+        token_mismatches += not any(tokens[j] == call_tokens for j in same_shape)
+        j = min(same_shape, key=lambda j: (sizes[j] != call_sizes, tokens[j] != call_tokens, abs(j - i), j))
         free.remove(j)
         out.append(j)
     real = [j for j in sorted(free) if not _runs_no_kernel(graph.nodes[j])]
@@ -120,7 +136,8 @@ def map_kernels(mod: Any, name: str, profiler: KernelProfiler) -> ModelKernels:
     calls = deployment_calls(mod, profiler.tvm_target, profiler.pipeline)
     by_instance = {inst: w for w in workloads for inst in w.instance_names}
     missing = [f for f, _ in calls if f not in by_instance]
-    node_of_call, mismatch, token_mismatches = align_calls(calls, graph)
+    node_of_call, mismatch, token_mismatches = align_calls(
+        [(f, shapes, by_instance[f].input_shapes) if f in by_instance else (f, shapes) for f, shapes in calls], graph)
     if missing:
         mismatch = f"deployment kernels {missing[:3]} are not among the profiled kernels"
     if node_of_call is None or missing:
