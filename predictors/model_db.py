@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS hetpart_model_variants (
     name TEXT NOT NULL, device TEXT NOT NULL, target TEXT NOT NULL, tvm_version TEXT NOT NULL,
     family TEXT NOT NULL, tier INTEGER NOT NULL, aligned INTEGER NOT NULL, graph TEXT NOT NULL,
     node_keys TEXT NOT NULL, model_median_us REAL, model_spread REAL, canary_us REAL,
-    session_id TEXT NOT NULL, timestamp_s REAL NOT NULL,
+    session_id TEXT NOT NULL, timestamp_s REAL NOT NULL, pipeline_version TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (name, device, target, tvm_version));
 CREATE TABLE IF NOT EXISTS hetpart_retests (
     id INTEGER PRIMARY KEY AUTOINCREMENT, key_hash TEXT NOT NULL, device TEXT NOT NULL, target TEXT NOT NULL,
@@ -65,6 +65,7 @@ class ModelVariantRecord:
     model_median_us: float | None
     model_spread: float | None
     canary_us: float | None
+    pipeline_version: str = ""       # extractor + CPU rules that made ``graph`` and its kernels (zoo_profile)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class ModelDatabase:
         self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)
         try:
             self._conn.executescript(_SCHEMA)
+            columns = {r[1] for r in self._conn.execute("PRAGMA table_info(hetpart_model_variants)")}
+            if "pipeline_version" not in columns:      # a database written before the column existed
+                self._conn.execute("ALTER TABLE hetpart_model_variants ADD COLUMN pipeline_version TEXT "
+                                   "NOT NULL DEFAULT ''")
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise ProfileDatabaseError(f"cannot create the model tables in {self.path!r}: {exc}. Fix: profile "
@@ -100,26 +105,46 @@ class ModelDatabase:
         self.close()
 
     def put_variant(self, name: str, device: str, target: str, tvm_version: str, family: str, tier: int,
-                    aligned: bool, graph: OpGraph, node_keys: tuple[str, ...], session_id: str) -> None:
-        """Insert or refresh a variant's graph and node keys. A latency already measured is kept while the node keys
-        are unchanged; when they change (the compiler now makes different kernels) it is dropped, since it timed
-        the old kernels."""
+                    aligned: bool, graph: OpGraph, node_keys: tuple[str, ...], session_id: str,
+                    pipeline_version: str = "") -> None:
+        """Insert or refresh a variant's graph and node keys. A latency already measured is kept while the variant
+        runs the same kernels (node keys equal as a multiset); when they change (the compiler now makes different
+        kernels) it is dropped, since it timed the old kernels. ``pipeline_version`` records what made the graph and
+        keys (``predictors.zoo_profile.PIPELINE_VERSION``)."""
         if graph.level != "kernel":
             raise ProfileDatabaseError(f"model variant {name}: store its kernel-level graph, not {graph.level!r}")
         if aligned and len(node_keys) != graph.num_ops:
             raise ProfileDatabaseError(f"model variant {name}: {len(node_keys)} node keys for {graph.num_ops} "
                                        "kernels; they must pair up")
+        self._conn.execute("BEGIN IMMEDIATE")        # read and write as one step against a concurrent profiler
+        try:
+            self._put_variant(name, device, target, tvm_version, family, tier, aligned, graph, node_keys, session_id,
+                              pipeline_version)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _put_variant(self, name: str, device: str, target: str, tvm_version: str, family: str, tier: int,
+                     aligned: bool, graph: OpGraph, node_keys: tuple[str, ...], session_id: str,
+                     pipeline_version: str) -> None:
+        previous = self._conn.execute(
+            "SELECT node_keys FROM hetpart_model_variants WHERE name = ? AND device = ? AND target = ? AND "
+            "tvm_version = ?", (name, device, target, tvm_version)).fetchone()
+        # the same kernels paired with nodes in another order still time the same model
+        same_kernels = previous is not None and sorted(json.loads(previous[0])) == sorted(node_keys)
         self._conn.execute(
             "INSERT INTO hetpart_model_variants (name, device, target, tvm_version, family, tier, aligned, graph, "
-            "node_keys, session_id, timestamp_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+            "node_keys, session_id, timestamp_s, pipeline_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (name, device, target, tvm_version) DO UPDATE SET family = excluded.family, "
             "tier = excluded.tier, aligned = excluded.aligned, graph = excluded.graph, "
-            "model_median_us = CASE WHEN node_keys = excluded.node_keys THEN model_median_us END, "
-            "model_spread = CASE WHEN node_keys = excluded.node_keys THEN model_spread END, "
-            "canary_us = CASE WHEN node_keys = excluded.node_keys THEN canary_us END, "
-            "node_keys = excluded.node_keys",
+            "pipeline_version = excluded.pipeline_version, node_keys = excluded.node_keys, "
+            "model_median_us = CASE WHEN ? THEN model_median_us END, "
+            "model_spread = CASE WHEN ? THEN model_spread END, "
+            "canary_us = CASE WHEN ? THEN canary_us END",
             (name, device, target, tvm_version, family, int(tier), int(aligned), json.dumps(graph.to_dict()),
-             json.dumps(list(node_keys)), session_id, time.time()))
+             json.dumps(list(node_keys)), session_id, time.time(), str(pipeline_version),
+             int(same_kernels), int(same_kernels), int(same_kernels)))
 
     def set_model_latency(self, name: str, device: str, target: str, tvm_version: str, median_us: float,
                           spread: float, canary_us: float, session_id: str) -> None:
@@ -136,13 +161,14 @@ class ModelDatabase:
         where, args = _where(device=device, target=target, tvm_version=tvm_version)
         rows = self._conn.execute(
             "SELECT name, device, target, tvm_version, family, tier, aligned, graph, node_keys, model_median_us, "
-            f"model_spread, canary_us FROM hetpart_model_variants{where} ORDER BY tier, name", args).fetchall()
+            f"model_spread, canary_us, pipeline_version FROM hetpart_model_variants{where} ORDER BY tier, name",
+            args).fetchall()
         out = []
         for r in rows:
             out.append(ModelVariantRecord(
                 name=r[0], device=r[1], target=r[2], tvm_version=r[3], family=r[4], tier=int(r[5]),
                 aligned=bool(r[6]), graph=OpGraph.from_dict(json.loads(r[7])), node_keys=tuple(json.loads(r[8])),
-                model_median_us=r[9], model_spread=r[10], canary_us=r[11]))
+                model_median_us=r[9], model_spread=r[10], canary_us=r[11], pipeline_version=r[12]))
         return out
 
     def add_retest(self, key_hash: str, device: str, target: str, tvm_version: str, median_us: float,

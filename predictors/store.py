@@ -62,6 +62,16 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def feature_identity(features: Mapping[str, Any]) -> str:
+    """What a stored feature dict says about the *operator* (op, shapes, attributes, counts), as a string.
+
+    Leaves out names, ids and provenance tags (which model the kernel came from, its TIR hash): two rows with
+    equal identities measure the same operator, possibly as different kernels (an older compiler's).
+    """
+    return canonical_json({k: v for k, v in features.items()
+                           if k not in ("tags", "id", "name", "inputs", "graph_inputs", "kernel_group")})
+
+
 def key_hash_of(workload_key: str) -> str:
     """Short stable hash (sha256, 20 hex digits) of a canonical workload key."""
     return hashlib.sha256(workload_key.encode()).hexdigest()[:20]

@@ -4,12 +4,14 @@ Labels: each ``ok`` kernel row's median, put on one scale with the canary of its
 (:func:`predictors.store.normalise_latency`, reference = the median canary of the rows used). Rows whose
 features were not taken from the kernel graph (``tags.source == "tir"``: the kernel <-> node alignment failed for
 their model, see :mod:`predictors.zoo_profile`) are left out and counted, because prediction-time features
-never look like them.
+never look like them. Rows superseded by a newer measurement of the same operator as another kernel (the
+compiler changed since, :func:`superseded_keys`) are left out too.
 
 Model-level data: every aligned model variant with a measured whole-model latency and an ``ok`` label for each
 of its kernels becomes an :class:`predictors.evaluate.ModelRecord` (nodes, per-node labels, normalised model
 latency, family). Kernel-graph nodes that run no kernel in deployment (host-side shape computations, see
-:func:`predictors.zoo_profile.align_calls`) have no label and are not part of the record. Variants with a kernel that is missing or only ``rejected_noisy`` are listed as excluded.
+:func:`predictors.zoo_profile.align_calls`) have no label and are not part of the record. Variants with a kernel
+that is missing or only ``rejected_noisy`` are listed as excluded.
 
 Splits (:func:`evaluate_db`): leave-one-model-out trains on the other variants' kernels **plus** the synthetic
 kernels; leave-one-family-out trains on the other families' kernels only (synthetic kernels are variations
@@ -32,7 +34,7 @@ from hetpart.graph import OpNode
 from predictors import evaluate as ev
 from predictors.model_db import ModelDatabase
 from predictors.device_predictor import DevicePredictor
-from predictors.store import Measurement, ProfileStore, normalise_latency
+from predictors.store import Measurement, ProfileStore, feature_identity, normalise_latency
 
 logger = logging.getLogger(__name__)
 
@@ -84,17 +86,23 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
         raise PredictorError(f"no 'ok' kernel measurements for {device!r} in {db_path}; profile again when the "
                              "machine is quieter (every row was rejected as noisy or failed)")
     reference = float(np.median([m.canary_us for m in ok]))
+    with ModelDatabase(db_path) as models:
+        variants = models.variants(device, target, version)
+        retests = [(r.key_hash, r.median_us, r.canary_us) for r in models.retests(device, target, version)]
+    superseded = superseded_keys(ok, keep={k for v in variants for k in v.node_keys})
+    if superseded:
+        logger.info("%d kernel rows measure an operator that a newer row measures as a different kernel (the "
+                    "compiler changed since); only the newer rows are used", len(superseded))
     kernels, excluded = {}, 0
     for m in ok:
+        if m.key_hash in superseded:
+            continue
         if m.features.get("tags", {}).get("source") == "tir":
             excluded += 1
             continue
         kernels[m.key_hash] = (OpNode.from_dict(m.features), m.normalised_us(reference))
     if excluded:
         logger.warning("%d kernel rows carry TIR-derived features (alignment fallback) and are not used", excluded)
-    with ModelDatabase(db_path) as models:
-        variants = models.variants(device, target, version)
-        retests = [(r.key_hash, r.median_us, r.canary_us) for r in models.retests(device, target, version)]
     records, model_keys, why_not = {}, {}, {}
     raw = {m.key_hash: m for m in rows}
     for v in variants:
@@ -116,6 +124,23 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
             records[v.name] = ev.ModelRecord(nodes, labels, total, v.family)
     return TrainingData(device, target, version, reference, kernels, raw, excluded, records, model_keys, why_not,
                         retests)
+
+
+def superseded_keys(rows: Sequence[Measurement], keep: set[str] = frozenset()) -> set[str]:
+    """Key hashes of rows whose operator a *newer* row measures as a different kernel.
+
+    Equal :func:`~predictors.store.feature_identity` under a different key means the compiler now builds
+    another kernel for that operator (e.g. a changed CPU rule, see ``tvm_passes.schedules.RULES_VERSION``);
+    only the newest row predicts what deployment runs. Rows in ``keep`` (listed by a stored model variant) are
+    never superseded.
+    """
+    newest: dict[str, Measurement] = {}
+    for m in rows:
+        identity = feature_identity(m.features)
+        if identity not in newest or m.timestamp_s > newest[identity].timestamp_s:
+            newest[identity] = m
+    return {m.key_hash for m in rows
+            if m.key_hash not in keep and newest[feature_identity(m.features)].key_hash != m.key_hash}
 
 
 # ---------------------------------------------------------------------------------------------- fit

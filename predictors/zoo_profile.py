@@ -7,11 +7,14 @@ least contended of several windows on a shared machine.
 :func:`profile_zoo` runs the whole campaign under one time budget, resumably (the store skips what is measured):
 
 1. zoo kernels (tiers 0 and 1 of :mod:`predictors.sampling`) in priority order, with at most
-   ``zoo_budget_share`` of the budget (a variant whose kernels are all measured is not extracted again);
+   ``zoo_budget_share`` of the budget (a variant whose kernels are all measured is not extracted again, unless
+   it was extracted by an older :data:`PIPELINE_VERSION`: then its graph, kernel keys and stored features are
+   refreshed, and kernels the compiler now makes differently are measured);
 2. whole-model latency of every variant whose kernels are all measured (deployment pipeline, ``vm["main"]``,
    the profiler's timing protocol and canary);
 3. a retest of ``retest_count`` measured kernels (the test-retest noise floor);
-4. synthetic variations (tier 2) with whatever budget is left.
+4. synthetic variations (tier 2) with whatever budget is left (specs are marked done per
+   :data:`PIPELINE_VERSION`, so a new version rebuilds them and measures the kernels that changed).
 """
 from __future__ import annotations
 
@@ -26,13 +29,19 @@ import numpy as np
 
 from hetpart.errors import HetpartError
 from predictors import sampling
-from predictors.kernel_mapping import ModelKernels, map_kernels
+from predictors.kernel_mapping import ALIGNMENT_VERSION, ModelKernels, map_kernels
 from predictors.model_db import ModelDatabase
 from predictors.profiler import CompiledKernel, KernelProfiler, KernelWorkload
 from predictors.profiling_run import profile_workloads
-from predictors.store import ProfileStore
+from predictors.store import ProfileStore, feature_identity
+from tvm_passes.extract import EXTRACTOR_VERSION
+from tvm_passes.schedules import RULES_VERSION
 
 logger = logging.getLogger(__name__)
+
+# What made a stored graph, its features and its kernel keys (feature extractor, CPU rules, kernel <-> node
+# pairing); a stored variant or synthetic spec of another version is extracted again.
+PIPELINE_VERSION = f"extract-{EXTRACTOR_VERSION}.rules-{RULES_VERSION}.align-{ALIGNMENT_VERSION}"
 
 
 def candidates_of(kernels: ModelKernels, tier: int) -> list[sampling.Candidate]:
@@ -180,7 +189,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
         known = {r.name: r for r in models.variants(*ident)}
         for k, variant in enumerate(variants):
             record = known.get(variant.name)
-            if record is not None and record.aligned and all(
+            if record is not None and record.aligned and record.pipeline_version == PIPELINE_VERSION and all(
                     key == "" or (key in stored and stored[key].status != "rejected_noisy") for key in record.node_keys):
                 summary.skipped_extraction += 1       # every kernel measured: nothing to extract again
                 if variant.tier == sampling.TIER_ZOO_DEFAULT:
@@ -195,7 +204,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
             summary.aligned += kernels.aligned
             summary.fallback_tir += not kernels.aligned
             models.put_variant(variant.name, *ident, variant.family, variant.tier, kernels.aligned, kernels.graph,
-                               kernels.node_keys, profiler.session_id)
+                               kernels.node_keys, profiler.session_id, PIPELINE_VERSION)
             candidates += candidates_of(kernels, variant.tier)
             summary.features_repaired += repair_features(store, kernels, stored)
             if variant.tier == sampling.TIER_ZOO_DEFAULT:
@@ -261,12 +270,12 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
             specs = sampling.synthetic_specs(seeds, max_specs=max_synthetic)
             summary.synthetic_specs = len(specs)
             done_specs = models.synthetic_done(*ident)
-            specs = sorted((s for s in specs if s.name not in done_specs), key=_spec_cost)
+            specs = sorted((s for s in specs if _done_marker(s) not in done_specs), key=_spec_cost)
             for first in range(0, len(specs), synthetic_chunk):
                 if left() <= 0:
                     summary.kernels_not_started += len(specs) - first
                     break
-                chunk, names = [], [s.name for s in specs[first:first + synthetic_chunk]]
+                chunk, names = [], [_done_marker(s) for s in specs[first:first + synthetic_chunk]]
                 for spec in specs[first:first + synthetic_chunk]:
                     chunk += candidates_of(map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler),
                                            sampling.TIER_SYNTHETIC)
@@ -336,23 +345,28 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
 
 
 def repair_features(store: ProfileStore, kernels: ModelKernels, stored: dict[str, Any]) -> int:
-    """Give rows stored with TIR-derived features (an earlier, failed alignment) their kernel-graph features.
+    """Give stored rows the features the current extractor computes for their kernel, keeping the timing data.
 
-    Only the features change; the timing data of the row is kept. Returns how many rows were rewritten.
+    Two cases: rows stored with TIR-derived features (an earlier, failed alignment), and rows whose kernel-graph
+    features changed since (``tvm_passes.extract.EXTRACTOR_VERSION`` went up, e.g. a fixed ``param_bytes``).
+    Provenance tags (which model's ops the kernel came from) are not compared, since several models share a
+    kernel. Returns how many rows were rewritten.
     """
     if not kernels.aligned:
         return 0
     repaired = 0
     for w in kernels.workloads:
         old = stored.get(w.key_hash)
-        if old is not None and old.features.get("tags", {}).get("source") == "tir":
+        if old is None:
+            continue
+        if (old.features.get("tags", {}).get("source") == "tir"
+                or feature_identity(old.features) != feature_identity(w.features)):
             new = dataclasses.replace(old, features=w.features, row_id=None)
             store.add(new, replace=True)
             stored[w.key_hash] = new
             repaired += 1
     if repaired:
-        logger.info("%s: %d stored kernels got kernel-graph features in place of TIR-derived ones", kernels.name,
-                    repaired)
+        logger.info("%s: %d stored kernels got the current kernel-graph features", kernels.name, repaired)
     return repaired
 
 
@@ -368,6 +382,10 @@ def remeasure_noisy(store: ProfileStore, workloads: Sequence[KernelWorkload], pr
     run = profile_workloads(store, todo, profiler, left(), retry=("rejected_noisy",), noisy_passes=0)
     logger.info("re-measured %d noisy kernels: %s", run.measured, run.statuses)
     return run.statuses.get("ok", 0)
+
+
+def _done_marker(spec: sampling.SyntheticSpec) -> str:
+    return f"{spec.name}@{PIPELINE_VERSION}"
 
 
 def _spec_cost(spec: sampling.SyntheticSpec) -> float:

@@ -189,6 +189,29 @@ def test_canary_normalisation_and_exclusions_in_training_data(tmp_path):
     assert len(data.records) == 3 and any("lack an ok label" in why for why in data.excluded_models.values())
 
 
+def test_rows_of_an_operator_measured_again_as_a_new_kernel_are_superseded(tmp_path):
+    """After a compiler change the same operator (equal features) runs as a different kernel (another key):
+    training keeps only the newest row, except rows a stored model variant still lists."""
+    db = tmp_path / "p.sqlite"
+    build_fake_db(db, n_models=3, with_retests=False)
+    from predictors.training import load_training_data
+
+    before = load_training_data(db)
+    synthetic_key = sorted(set(before.kernels) - before.zoo_keys)[0]
+    zoo_key = sorted(before.zoo_keys)[0]
+    with ProfileStore(db) as store:
+        rows = {m.key_hash: m for m in store.measurements()}
+        for key in (synthetic_key, zoo_key):
+            old = rows[key]
+            store.add(dataclasses.replace(old, key_hash=key_hash_of(old.workload_key + "-new kernel"),
+                                          workload_key=old.workload_key + "-new kernel", median_us=old.median_us / 5,
+                                          timestamp_s=old.timestamp_s + 60, row_id=None))
+    after = load_training_data(db)
+    assert synthetic_key not in after.kernels and zoo_key in after.kernels
+    assert len(after.kernels) == len(before.kernels) + 1               # two new rows, one old row superseded
+    assert set(after.records) == set(before.records)
+
+
 def test_evaluate_cli_writes_json_and_png(tmp_path):
     db = tmp_path / "p.sqlite"
     build_fake_db(db)
@@ -238,16 +261,12 @@ def tiny_cnn(variant) -> Any:
     return bb.get()
 
 
-@pytest.mark.tvm
-def test_profile_campaign_is_resumable_and_records_models_retests_and_synthetic_kernels(tmp_path):
-    from predictors import sampling
+def _counting_profiler():
+    """A KernelProfiler class with the real pipeline, target and kernel mapping whose timing is replaced by the
+    synthetic law (no kernel compiles); ``measured`` lists every key it timed."""
     from predictors.profiler import KernelProfiler, TimingStats
-    from predictors.training import load_training_data
-    from predictors.zoo_profile import profile_zoo, refine_zoo
 
     class CountingProfiler(KernelProfiler):
-        """Real pipeline, target and kernel mapping; timing replaced by the synthetic law (no kernel compiles)."""
-
         measured: list[str] = []
 
         def time_kernel(self, kernel):
@@ -263,6 +282,16 @@ def test_profile_campaign_is_resumable_and_records_models_retests_and_synthetic_
                                samples_us=(t, t, t), features=workload.features, status="ok",
                                session_id=self.session_id, timestamp_s=time.time())
 
+    return CountingProfiler
+
+
+@pytest.mark.tvm
+def test_profile_campaign_is_resumable_and_records_models_retests_and_synthetic_kernels(tmp_path):
+    from predictors import sampling
+    from predictors.training import load_training_data
+    from predictors.zoo_profile import profile_zoo, refine_zoo
+
+    CountingProfiler = _counting_profiler()
     db = tmp_path / "zoo.sqlite"
     variants = [sampling.ModelVariant("tiny_cnn", 1, 16, "tiny", 0)]
     first = profile_zoo(db, budget_s=600, profiler=CountingProfiler(), variants=variants, max_synthetic=3,
@@ -294,6 +323,39 @@ def test_profile_campaign_is_resumable_and_records_models_retests_and_synthetic_
     data = load_training_data(db)
     assert list(data.records) == ["tiny_cnn_b1_s16"] and len(data.synthetic()[0]) == 3
     assert data.records["tiny_cnn_b1_s16"].model_latency_us == pytest.approx(50.0)   # canary 50 us everywhere
+
+
+@pytest.mark.tvm
+def test_a_new_pipeline_version_refreshes_stored_features_without_measuring_again(tmp_path, monkeypatch):
+    """After an extractor or CPU-rule change, a rerun extracts every variant and synthetic spec again, rewrites
+    features that changed (keeping their timings) and measures only kernels whose key changed (none here)."""
+    from predictors import sampling, zoo_profile
+    from predictors.training import load_training_data
+
+    CountingProfiler, profile_zoo = _counting_profiler(), zoo_profile.profile_zoo
+    db = tmp_path / "zoo.sqlite"
+    variants = [sampling.ModelVariant("tiny_cnn", 1, 16, "tiny", 0)]
+    kwargs = dict(budget_s=600, variants=variants, max_synthetic=3, retest_count=0, load_module=tiny_cnn)
+    first = profile_zoo(db, profiler=CountingProfiler(), **kwargs)
+    with ProfileStore(db) as store:                    # an older extractor stored a wrong param_bytes
+        rows = store.measurements()
+        old = next(m for m in rows if m.features["param_bytes"] > 0)
+        store.add(dataclasses.replace(old, features={**old.features, "param_bytes": 7}, row_id=None), replace=True)
+    n_measured = len(CountingProfiler.measured)
+    same = profile_zoo(db, profiler=CountingProfiler(), **kwargs)
+    assert same.skipped_extraction == 1 and same.features_repaired == 0    # same version: not even extracted
+
+    monkeypatch.setattr(zoo_profile, "PIPELINE_VERSION", "extract-99.rules-99")
+    newer = profile_zoo(db, profiler=CountingProfiler(), **kwargs)
+    assert newer.skipped_extraction == 0 and newer.features_repaired == 1
+    assert newer.kernels_measured == 0 and newer.models_measured == 0 and newer.synthetic_specs == 3
+    assert len(CountingProfiler.measured) == n_measured                 # rebuilt, but nothing timed again
+    repaired = {m.key_hash: m for m in ProfileStore(db).measurements()}[old.key_hash]
+    assert repaired.features["param_bytes"] == old.features["param_bytes"]
+    assert repaired.median_us == old.median_us                          # the timing is kept
+    (record,) = ModelDatabase(db).variants()
+    assert record.pipeline_version == "extract-99.rules-99" and record.model_median_us is not None
+    assert len(load_training_data(db).kernels) == first.kernels_measured
 
 
 @pytest.mark.tvm
