@@ -106,11 +106,12 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
             lines.append(f"- {split}: MAPE {_pct(v['mape'])}, worst {_pct(v['max_ape'])} ({worst[0]})")
     floor = report.get("noise_floor", {})
     lines += ["", "## Noise floor (test-retest of the measurements themselves)", "",
-              "Pairs of (stored label, one retest in a later window of the first profiling session). After "
-              "`hetpart profile --refine` a stored label is the lowest median over several sessions, so these "
-              "pairs show how far a *single* session's timing strays from the label, which is more than the "
-              "labels' own noise.", ""]
-    for key in sorted(k for k in floor if k.startswith("retest")):
+              "`between_sessions`: kernels timed in two or more profiling sessions (each `hetpart profile "
+              "--refine` pass records one value per kernel), each session's value against the median of the "
+              "others' -- the disagreement of the measurement protocol with itself, which bounds any predictor's "
+              "±10% accuracy. `retest_*`: one later re-measurement against the stored label; after refining, "
+              "the label is the lowest median over sessions, so these pairs overstate the noise.", ""]
+    for key in sorted(k for k in floor if k.startswith(("between_sessions", "retest"))):
         v = floor[key]
         if isinstance(v, dict):
             lines.append(f"- {key}: MAPE {_pct(v.get('mape'))}, ±10% {_pct(v.get('within_10pct'))}, "

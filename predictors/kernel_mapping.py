@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -28,8 +29,9 @@ logger = logging.getLogger(__name__)
 
 ALIGNMENT_STATS = {"aligned": 0, "fallback_tir": 0}     # per process: how often map_kernels fell back
 # Bump when the pairing rule changes (stored node keys and features are then refreshed by `hetpart profile`).
-# 2: operand sizes break ties between nodes with equal output shapes (GoogLeNet's branches, BERT's attention).
-ALIGNMENT_VERSION = 2
+# 3: shared operand sizes break ties between nodes with equal output shapes (GoogLeNet's branches, BERT's
+# attention); 2 required equal size multisets, which never held for kernels that also take a constant.
+ALIGNMENT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -77,19 +79,24 @@ def op_tokens(name: str) -> tuple[str, ...]:
                  if t not in _NAME_NOISE)
 
 
-def operand_sizes(shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
-    """Element counts of the non-scalar operands, sorted: equal for a kernel-graph node and its deployment kernel
-    even when the kernel's weights are stored in another layout (prepacked) or its scalars are inlined."""
-    return tuple(sorted(n for n in (int(np.prod(s)) for s in shapes) if n > 1))
+def operand_sizes(shapes: Sequence[Sequence[int]]) -> Counter:
+    """Element counts of the non-scalar operands (a multiset): layout-independent, so a node and its deployment
+    kernel share them even when the kernel's weights are prepacked or its scalars are inlined."""
+    return Counter(n for n in (int(np.prod(s)) for s in shapes) if n > 1)
+
+
+def shared_operands(a: Counter, b: Counter | None) -> int:
+    """How many operand sizes two multisets share (0 when ``b`` is unknown)."""
+    return 0 if b is None else sum((a & b).values())
 
 
 def align_calls(calls: Sequence[tuple], graph: OpGraph) -> tuple[list[int] | None, str, int]:
     """Node index of each deployment call, or (None, why) when they cannot be paired.
 
     ``calls`` are ``(kernel name, output shapes)`` or ``(kernel name, output shapes, input shapes)``. Call i is
-    paired with an unpaired node with the same output shapes, preferring -- in this order -- one with the same
-    operand sizes (:func:`operand_sizes`) and op tokens, the same operand sizes, the same op tokens; ties go to
-    the node nearest to position i (usually node i itself: same order). Inception-style branches write equal
+    paired with an unpaired node with the same output shapes, preferring -- in this order -- the most operand
+    sizes in common (:func:`operand_sizes`; a node lists its group's external inputs, the kernel may also take
+    constants), the same op tokens, the node nearest to position i (usually node i itself: same order). Inception-style branches write equal
     shapes from different convolutions, so the output shape alone would pair a 1x1 conv with a 3x3 one. Returns
     also how many pairs had equal shapes but different op tokens. Every call must find a node; nodes left
     unpaired must be ones that run no kernel in deployment (shape computations the VM does on the host), else
@@ -111,7 +118,8 @@ def align_calls(calls: Sequence[tuple], graph: OpGraph) -> tuple[list[int] | Non
                           f"node writes that (node {i}: {graph.nodes[i].op} writes {list(shapes[i])})"), 0
         call_tokens = op_tokens(func_name)
         token_mismatches += not any(tokens[j] == call_tokens for j in same_shape)
-        j = min(same_shape, key=lambda j: (sizes[j] != call_sizes, tokens[j] != call_tokens, abs(j - i), j))
+        j = min(same_shape, key=lambda j: (-shared_operands(sizes[j], call_sizes), tokens[j] != call_tokens,
+                                            abs(j - i), j))
         free.remove(j)
         out.append(j)
     real = [j for j in sorted(free) if not _runs_no_kernel(graph.nodes[j])]

@@ -299,6 +299,7 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
 
     Contention on a shared machine only ever adds time, so over several sessions the lowest median is the best
     estimate of a kernel's own latency (the same rule :class:`BestWindowProfiler` applies within a session).
+    Each new kernel timing is also recorded as a retest of this session (the between-session noise floor).
     Variants are visited in tier order until ``budget_s`` runs out; the run is logged in the database.
     """
     start = time.monotonic()
@@ -328,6 +329,9 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
                 seen.add(w.key_hash)
                 new = profiler.measure(w)
                 counts["kernels"] += 1
+                if new.status == "ok" and new.canary_us:       # one value per session: the noise floor's data
+                    models.add_retest(w.key_hash, *ident, new.median_us, new.spread or 0.0, new.canary_us,
+                                      profiler.session_id)
                 if new.status == "ok" and new.median_us < old.median_us:
                     store.add(new, replace=True)
                     stored[w.key_hash] = new
