@@ -9,6 +9,7 @@ It also holds the device's in-model terms (:mod:`predictors.context`) and is sav
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import logging
 import time
@@ -23,13 +24,13 @@ from hetpart.errors import ExtrapolationWarning, PredictorError, SchemaError
 from hetpart.graph import OpNode
 from predictors.context import ContextTerms, fit_context_terms, predict_in_context_us
 from predictors.features import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES, RESIDUAL_EXCLUDED,
-                                 feature_matrix, feature_vector, kernel_kind, vectors_to_matrix)
+                                 feature_matrix, feature_vector, kernel_kind, vectors_to_matrix, workload_key)
 from predictors.polynomial import PolynomialLatencyModel
 
 logger = logging.getLogger(__name__)
 
 PREDICTOR_FORMAT = "hetpart.device_predictor"
-PREDICTOR_FORMAT_VERSION = 2     # 2: context terms (per-kernel overhead + cold weights) replace the overhead
+PREDICTOR_FORMAT_VERSION = 3     # 2: context terms replace the overhead; 3: measured kernels (exact lookup)
 
 # A kind without a model is predicted by its related kind's model when there is one (the same TVM operator
 # with different groups), else by the device's fallback model.
@@ -49,18 +50,26 @@ def _kind_model(kind: str, degrees: Sequence[int], alphas: Sequence[float]) -> P
 
 
 class DevicePredictor:
-    """Per-kind polynomial models for one device; ``predict(nodes)`` gives kernel latencies in µs."""
+    """Per-kind polynomial models for one device; ``predict(nodes)`` gives kernel latencies in µs.
+
+    With ``exact_lookup`` (default) a kernel whose workload (:func:`~predictors.features.workload_key`: ops,
+    shapes, dtypes, attributes) was among the training kernels is predicted by its measured label -- the median
+    if it was measured more than once -- and only unmeasured kernels by the models. The labels are stored with
+    the coefficients (``measured_us_``, keyed by a hash of the workload key).
+    """
 
     source = "predicted"
 
     def __init__(self, device: str = "cpu", target: Mapping[str, Any] | None = None, tvm_version: str | None = None,
                  degrees: Sequence[int] = (1, 2), alphas: Sequence[float] = (1e-4, 1e-2, 1.0),
-                 min_samples_per_kind: int = 12):
+                 min_samples_per_kind: int = 12, exact_lookup: bool = True):
         self.device = device
         self.target = dict(target or {"kind": "llvm"})
         self.tvm_version = tvm_version if tvm_version is not None else _installed_tvm_version()
         self.degrees, self.alphas = tuple(degrees), tuple(alphas)
         self.min_samples_per_kind = min_samples_per_kind
+        self.exact_lookup = bool(exact_lookup)
+        self.measured_us_: dict[str, float] = {}
         self.models: dict[str, PolynomialLatencyModel] = {}
         self.fallback: PolynomialLatencyModel | None = None
         self.context = ContextTerms()
@@ -88,6 +97,10 @@ class DevicePredictor:
                 vectors_to_matrix([vectors[i] for i in idx], names), y[idx])
         self.fallback = PolynomialLatencyModel(degrees=(1,), alphas=(1e-4,), feature_names=FALLBACK_FEATURES).fit(
             vectors_to_matrix(vectors, FALLBACK_FEATURES), y)
+        labels: dict[str, list[float]] = {}
+        for node, value in zip(nodes, y):
+            labels.setdefault(_lookup_key(node), []).append(float(value))
+        self.measured_us_ = {k: float(np.median(v)) for k, v in sorted(labels.items())} if self.exact_lookup else {}
         self.fit_info = {"fit_seconds": time.perf_counter() - start, "n_samples": len(nodes),
                          "samples_per_kind": {k: int((kinds == k).sum()) for k in sorted(set(kinds.tolist()))},
                          "fit_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
@@ -113,6 +126,9 @@ class DevicePredictor:
                 out[idx] = self.fallback.predict(feature_matrix(sub, FALLBACK_FEATURES))
             else:
                 out[idx] = model.predict(feature_matrix(sub, KIND_FEATURES[model_kind]))
+        if self.measured_us_:
+            for i, node in enumerate(nodes):
+                out[i] = self.measured_us_.get(_lookup_key(node), out[i])
         return out
 
     def fit_context(self, models: Iterable[tuple[Sequence[OpNode], float]],
@@ -138,8 +154,8 @@ class DevicePredictor:
             raise PredictorError("cannot save an unfitted predictor; call fit() first")
         return {"format": PREDICTOR_FORMAT, "format_version": PREDICTOR_FORMAT_VERSION,
                 "provenance": self.provenance(), "degrees": list(self.degrees), "alphas": list(self.alphas),
-                "min_samples_per_kind": self.min_samples_per_kind,
-                "context": self.context.to_dict(),
+                "min_samples_per_kind": self.min_samples_per_kind, "exact_lookup": self.exact_lookup,
+                "context": self.context.to_dict(), "measured_us": dict(self.measured_us_),
                 "models": {k: m.to_dict() for k, m in self.models.items()}, "fallback": self.fallback.to_dict()}
 
     @classmethod
@@ -154,7 +170,9 @@ class DevicePredictor:
                 f"predictor was fitted with feature schema {prov.get('feature_schema_version')!r}; this hetpart "
                 f"computes schema {FEATURE_SCHEMA_VERSION}. Refit it with `hetpart fit` on the profile database.")
         pred = cls(device=prov.get("device", "cpu"), target=prov.get("target"), tvm_version=prov.get("tvm_version"),
-                   degrees=data["degrees"], alphas=data["alphas"], min_samples_per_kind=data["min_samples_per_kind"])
+                   degrees=data["degrees"], alphas=data["alphas"], min_samples_per_kind=data["min_samples_per_kind"],
+                   exact_lookup=data["exact_lookup"])
+        pred.measured_us_ = {str(k): float(v) for k, v in data["measured_us"].items()}
         pred.models = {k: PolynomialLatencyModel.from_dict(m) for k, m in data["models"].items()}
         pred.fallback = PolynomialLatencyModel.from_dict(data["fallback"])
         pred.context = ContextTerms.from_dict(data["context"])
@@ -171,6 +189,10 @@ class DevicePredictor:
         except (OSError, json.JSONDecodeError) as exc:
             raise PredictorError(f"cannot read predictor {path}: {exc}. Fit one with `hetpart fit`.") from exc
         return cls.from_dict(data)
+
+
+def _lookup_key(node: OpNode) -> str:
+    return hashlib.sha256(workload_key(node).encode()).hexdigest()[:20]
 
 
 def _installed_tvm_version() -> str:

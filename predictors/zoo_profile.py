@@ -14,7 +14,8 @@ least contended of several windows on a shared machine.
    the profiler's timing protocol and canary);
 3. a retest of ``retest_count`` measured kernels (the test-retest noise floor);
 4. synthetic variations (tier 2) with whatever budget is left (specs are marked done per
-   :data:`PIPELINE_VERSION`, so a new version rebuilds them and measures the kernels that changed).
+   :data:`PIPELINE_VERSION` and ``sampling.SYNTHETIC_VERSION``, so a new version rebuilds them and measures the
+   kernels that changed).
 """
 from __future__ import annotations
 
@@ -389,7 +390,7 @@ def remeasure_noisy(store: ProfileStore, workloads: Sequence[KernelWorkload], pr
 
 
 def _done_marker(spec: sampling.SyntheticSpec) -> str:
-    return f"{spec.name}@{PIPELINE_VERSION}"
+    return f"{spec.name}@{PIPELINE_VERSION}.synthetic-{sampling.SYNTHETIC_VERSION}"
 
 
 def _spec_cost(spec: sampling.SyntheticSpec) -> float:

@@ -1,4 +1,6 @@
-"""DevicePredictor: per-kind models, JSON with provenance, fallback for unseen kinds, fit time."""
+"""DevicePredictor: per-kind models, exact lookup of measured kernels, JSON with provenance, fallback for unseen
+kinds, fit time."""
+import dataclasses
 import json
 import time
 import warnings
@@ -7,7 +9,7 @@ import numpy as np
 import pytest
 
 from hetpart.errors import ExtrapolationWarning, PredictorError, SchemaError
-from predictors.features import FEATURE_SCHEMA_VERSION, KIND_FEATURES, feature_matrix
+from predictors.features import FEATURE_SCHEMA_VERSION, KIND_FEATURES, feature_matrix, workload_key
 from predictors.context import ContextTerms
 from predictors.device_predictor import DevicePredictor, UnseenKindWarning
 from tests.predictors.synthetic_kernels import conv_node, random_kernels, reshape_node, synthetic_latency_us
@@ -36,6 +38,26 @@ def test_device_predictor_round_trips_json_exactly(fitted_predictor, tmp_path):
     assert prov["n_samples"] == 600 and prov["fit_date"] and prov["tvm_version"]
     lo, hi = prov["training_ranges"]["conv2d"]["flops"]
     assert 0 < lo < hi
+
+
+def test_measured_kernels_are_predicted_by_their_label_and_others_by_the_models(tmp_path):
+    rng = np.random.default_rng(11)
+    nodes = list({workload_key(n): n for n in random_kernels(rng, 300, ("conv2d", "matmul", "elementwise"))}.values())
+    labels = synthetic_latency_us(nodes, rng, 0.05)                 # 5% noise: the models cannot fit it exactly
+    again = dataclasses.replace(nodes[1], id=999, name="same_workload_other_model")
+    lookup = DevicePredictor().fit(nodes + [again], list(labels) + [labels[1] * 1.2])
+    models_only = DevicePredictor(exact_lookup=False).fit(nodes + [again], list(labels) + [labels[1] * 1.2])
+    measured = lookup.predict(nodes[:50])
+    assert not np.array_equal(models_only.predict(nodes[:50]), labels[:50])   # the models only approximate
+    assert measured[1] == pytest.approx(np.median([labels[1], labels[1] * 1.2]))   # measured twice: median
+    np.testing.assert_array_equal(measured[[0] + list(range(2, 50))], labels[[0] + list(range(2, 50))])
+    known = {workload_key(n) for n in nodes}
+    unseen = [n for n in random_kernels(np.random.default_rng(12), 40, ("conv2d", "matmul"))
+              if workload_key(n) not in known]
+    assert len(unseen) >= 10
+    np.testing.assert_array_equal(lookup.predict(unseen), models_only.predict(unseen))
+    lookup.save(tmp_path / "p.json")
+    np.testing.assert_array_equal(DevicePredictor.load(tmp_path / "p.json").predict(nodes[:50]), measured)
 
 
 def test_loading_a_foreign_or_stale_file_fails_clearly(fitted_predictor, tmp_path):

@@ -112,6 +112,6 @@ def test_synthetic_modules_extract_to_one_kernel_of_the_intended_kind(spec, kind
     assert kernel_kind(node) == kind
     assert tuple(node.output_shapes[0]) == shape
     assert node.param_bytes > 0 or spec.op in ("max_pool2d", "gates")    # weights are constants, like the zoo
-    if spec.op == "gates":                                                # one fused chain: 3 costly members
+    if spec.op == "gates":                                     # one fused kernel: 3 gates of the same input
         assert feature_vector(node)["transcendental_ops"] == 3
     assert np.isfinite(node.flops)
