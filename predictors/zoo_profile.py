@@ -281,12 +281,13 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                     chunk += candidates_of(map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler),
                                            sampling.TIER_SYNTHETIC)
                 run = profile_workloads(store, [c.workload for c in sampling.prioritise(chunk)], profiler,
-                                        max(0.0, left()), on_kernel)
+                                        max(0.0, left()), on_kernel, retry=("rejected_noisy",))
                 summary.kernels_measured += run.measured
                 summary.kernels_skipped += run.skipped
                 summary.kernels_not_started += run.not_started
-                if run.not_started == 0 and run.claimed_elsewhere == 0:
-                    models.mark_synthetic_done(names, *ident)
+                noisy = any(store.has(c.key_hash, *ident, statuses=("rejected_noisy",)) for c in chunk)
+                if run.not_started == 0 and run.claimed_elsewhere == 0 and not noisy:
+                    models.mark_synthetic_done(names, *ident)      # else the next run measures the chunk again
         summary.elapsed_s = time.monotonic() - start
         models.record_run(profiler.session_id, profiler.device, budget_s, summary.elapsed_s,
                           dataclasses.asdict(summary))

@@ -382,6 +382,34 @@ def test_a_new_pipeline_version_refreshes_stored_features_without_measuring_agai
 
 
 @pytest.mark.tvm
+def test_synthetic_kernels_rejected_as_noisy_are_measured_again_by_the_next_run(tmp_path):
+    from predictors import sampling, zoo_profile
+
+    CountingProfiler = _counting_profiler()
+
+    class NoisyProfiler(CountingProfiler):
+        """Every synthetic kernel comes back too noisy to keep."""
+
+        def measure(self, workload):
+            m = super().measure(workload)
+            return m if workload.key_hash in zoo_keys else dataclasses.replace(m, status="rejected_noisy", spread=0.2)
+
+    db = tmp_path / "zoo.sqlite"
+    variants = [sampling.ModelVariant("tiny_cnn", 1, 16, "tiny", 0)]
+    kwargs = dict(budget_s=600, variants=variants, max_synthetic=3, retest_count=0, load_module=tiny_cnn)
+    zoo_keys: set = set()
+    zoo_profile.profile_zoo(db, profiler=CountingProfiler(), **{**kwargs, "max_synthetic": 0})
+    zoo_keys |= set(ModelDatabase(db).variants()[0].node_keys)
+    noisy = zoo_profile.profile_zoo(db, profiler=NoisyProfiler(), **kwargs)
+    assert noisy.kernels_measured == 3 and noisy.synthetic_specs == 3
+    assert {m.status for m in ProfileStore(db).measurements(status=None)} == {"ok", "rejected_noisy"}
+    again = zoo_profile.profile_zoo(db, profiler=CountingProfiler(), **kwargs)
+    assert again.kernels_measured == 3                                # the noisy ones, measured again
+    assert {m.status for m in ProfileStore(db).measurements(status=None)} == {"ok"}
+    assert zoo_profile.profile_zoo(db, profiler=CountingProfiler(), **kwargs).kernels_measured == 0
+
+
+@pytest.mark.tvm
 def test_best_window_profiler_keeps_the_least_contended_window():
     from predictors import sampling
     from predictors.profiler import KernelProfiler, kernels_of_module
