@@ -106,11 +106,16 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
             lines.append(f"- {split}: MAPE {_pct(v['mape'])}, worst {_pct(v['max_ape'])} ({worst[0]})")
     floor = report.get("noise_floor", {})
     lines += ["", "## Noise floor (test-retest of the measurements themselves)", "",
-              "`between_sessions`: kernels timed in two or more profiling sessions (each `hetpart profile "
-              "--refine` pass records one value per kernel), each session's value against the median of the "
-              "others' -- the disagreement of the measurement protocol with itself, which bounds any predictor's "
-              "±10% accuracy. `retest_*`: one later re-measurement against the stored label; after refining, "
-              "the label is the lowest median over sessions, so these pairs overstate the noise.", ""]
+              "Every `hetpart profile --refine` pass (and `--retests`) records one re-measurement per kernel and "
+              "session. A session is *quiet* when its median canary is within 5% of the reference; contended "
+              "sessions are listed but kept out of the floors (a label is the lowest median over sessions). "
+              "`retest_*`: quiet re-measurements against the stored label -- how often the protocol itself "
+              "lands within ±10% of a label, which bounds any predictor's ±10% accuracy. `between_sessions`: "
+              "kernels re-measured in two or more quiet sessions, each against the others' median.", ""]
+    for session, v in sorted(floor.get("sessions", {}).items(), key=lambda kv: -kv[1]["n"]):
+        lines.append(f"- session {session}: {v['n']} kernels, canary {v['canary_vs_reference']:.3f}x the reference "
+                     f"({'quiet' if v['quiet'] else 'contended, not used'}); median {_pct(v['median_signed_error_vs_label'])} "
+                     f"vs the label, {_pct(v['within_10pct_of_label'])} within ±10%")
     for key in sorted(k for k in floor if k.startswith(("between_sessions", "retest"))):
         v = floor[key]
         if isinstance(v, dict):

@@ -167,6 +167,8 @@ def _run(argv: list[str]) -> int:
 
 
 def test_fit_save_load_round_trip_through_the_cli(tmp_path):
+    from predictors.training import load_training_data
+
     db = tmp_path / "p.sqlite"
     build_fake_db(db)
     out = tmp_path / "cpu.json"
@@ -175,8 +177,11 @@ def test_fit_save_load_round_trip_through_the_cli(tmp_path):
     data = json.loads(out.read_text())
     training = data["provenance"]["training"]
     assert training["n_model_records"] == 6 and training["n_kernels"] > 80 and training["profile_db"] == str(db)
+    # every kernel instance of the 6 models (14 each) plus, once, the 30 extra kernels no model calls
+    n_extra = len(load_training_data(db).synthetic()[0])
+    assert training["n_training_rows"] == 6 * 14 + n_extra and 25 <= n_extra <= 30
     assert data["provenance"]["training_ranges"]
-    from predictors.training import fit_from_db, load_training_data
+    from predictors.training import fit_from_db
 
     fitted, _ = fit_from_db(db)
     nodes = [n for n, _ in load_training_data(db).kernels.values()]
