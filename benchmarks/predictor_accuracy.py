@@ -113,9 +113,10 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
               "lands within ±10% of a label, which bounds any predictor's ±10% accuracy. `between_sessions`: "
               "kernels re-measured in two or more quiet sessions, each against the others' median.", ""]
     for session, v in sorted(floor.get("sessions", {}).items(), key=lambda kv: -kv[1]["n"]):
+        state = "quiet" if v["quiet"] else "contended, not used"
         lines.append(f"- session {session}: {v['n']} kernels, canary {v['canary_vs_reference']:.3f}x the reference "
-                     f"({'quiet' if v['quiet'] else 'contended, not used'}); median {_pct(v['median_signed_error_vs_label'])} "
-                     f"vs the label, {_pct(v['within_10pct_of_label'])} within ±10%")
+                     f"({state}); median {_pct(v['median_signed_error_vs_label'])} vs the label, "
+                     f"{_pct(v['within_10pct_of_label'])} within ±10%")
     for key in sorted(k for k in floor if k.startswith(("between_sessions", "retest"))):
         v = floor[key]
         if isinstance(v, dict):

@@ -1,12 +1,12 @@
 """Pair a module's deployment kernels with the kernel-graph nodes a CostTable is built on.
 
-Features must be identical at training and at prediction time. At prediction time a CostTable is built on the
-nodes of ``tvm_passes.extract.extract_op_graph(mod).kernel_graph()``; so each measured deployment kernel takes
-its features from that graph. :func:`map_kernels` pairs them: the i-th ``call_tir`` of the fused ``main`` of
-the deployment pipeline is usually node i; :func:`align_calls` pairs each call with an unpaired node with the
-same output shapes (same operand sizes and op names preferred, nearest position), which also covers branches the
-two orders list differently. Every pairing is verified by output shapes; nodes left without a kernel must be host-side shape
-computations. On any mismatch the model's kernels keep the TIR-derived features of
+Features must be identical at training and at prediction time. At prediction time a CostTable is built on the nodes
+of ``tvm_passes.extract.extract_op_graph(mod).kernel_graph()``; so each measured deployment kernel takes its
+features from that graph. :func:`map_kernels` pairs them: the i-th ``call_tir`` of the fused ``main`` of the
+deployment pipeline is usually node i; :func:`align_calls` pairs each call with an unpaired node with the same
+output shapes (same operand sizes and op names preferred, nearest position), which also covers branches the two
+orders list differently. Every pairing is verified by output shapes; nodes left without a kernel must be host-side
+shape computations. On any mismatch the model's kernels keep the TIR-derived features of
 :func:`predictors.profiler.kernels_of_module`, a warning is logged, ``aligned`` is False and
 :data:`ALIGNMENT_STATS` counts it (``predictors.training`` leaves such rows out of fits and counts them).
 """
@@ -96,11 +96,11 @@ def align_calls(calls: Sequence[tuple], graph: OpGraph) -> tuple[list[int] | Non
     ``calls`` are ``(kernel name, output shapes)`` or ``(kernel name, output shapes, input shapes)``. Call i is
     paired with an unpaired node with the same output shapes, preferring -- in this order -- the most operand
     sizes in common (:func:`operand_sizes`; a node lists its group's external inputs, the kernel may also take
-    constants), the same op tokens, the node nearest to position i (usually node i itself: same order). Inception-style branches write equal
-    shapes from different convolutions, so the output shape alone would pair a 1x1 conv with a 3x3 one. Returns
-    also how many pairs had equal shapes but different op tokens. Every call must find a node; nodes left
-    unpaired must be ones that run no kernel in deployment (shape computations the VM does on the host), else
-    the pairing fails.
+    constants), the same op tokens, the node nearest to position i (usually node i itself: same order).
+    Inception-style branches write equal shapes from different convolutions, so the output shape alone would
+    pair a 1x1 conv with a 3x3 one. Returns also how many pairs had equal shapes but different op tokens. Every
+    call must find a node; nodes left unpaired must be ones that run no kernel in deployment (shape
+    computations the VM does on the host), else the pairing fails.
     """
     if len(calls) > graph.num_ops:
         return None, f"{len(calls)} deployment kernels but only {graph.num_ops} kernel-graph nodes", 0

@@ -190,8 +190,9 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
         known = {r.name: r for r in models.variants(*ident)}
         for k, variant in enumerate(variants):
             record = known.get(variant.name)
-            if record is not None and record.aligned and record.pipeline_version == PIPELINE_VERSION and all(
-                    key == "" or (key in stored and stored[key].status != "rejected_noisy") for key in record.node_keys):
+            current = record is not None and record.aligned and record.pipeline_version == PIPELINE_VERSION
+            if current and all(key == "" or (key in stored and stored[key].status != "rejected_noisy")
+                               for key in record.node_keys):
                 summary.skipped_extraction += 1       # every kernel measured: nothing to extract again
                 if variant.tier == sampling.TIER_ZOO_DEFAULT:
                     seeds += list(record.graph.nodes)
