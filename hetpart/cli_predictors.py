@@ -30,7 +30,8 @@ def _progress_logger(every: int = 10):
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from predictors import sampling
-    from predictors.zoo_profile import BestWindowProfiler, profile_zoo, refine_zoo
+    from predictors.refine import refine_zoo
+    from predictors.zoo_profile import BestWindowProfiler, profile_zoo
 
     if args.device != "cpu":
         raise PredictorError(f"hetpart profile --device must be 'cpu'; found {args.device!r}. GPU kernels are "

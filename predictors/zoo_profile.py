@@ -157,7 +157,7 @@ class ZooProfileSummary:
 Progress = Callable[[str, int, int, str], None]     # (phase, done, total, item)
 
 
-def _import(variant: sampling.ModelVariant) -> Any:
+def import_variant(variant: sampling.ModelVariant) -> Any:
     from hetpart import api
 
     return api.import_model(variant.model, batch=variant.batch, size=variant.size).mod
@@ -167,7 +167,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 variants: Sequence[sampling.ModelVariant] | None = None, synthetic: bool = True,
                 max_synthetic: int = 600, zoo_budget_share: float = 0.6, retest_count: int = 40,
                 synthetic_chunk: int = 24, progress: Progress | None = None,
-                load_module: Callable[[sampling.ModelVariant], Any] = _import) -> ZooProfileSummary:
+                load_module: Callable[[sampling.ModelVariant], Any] = import_variant) -> ZooProfileSummary:
     """The profiling campaign of the module docstring; safe to kill and rerun (nothing is measured twice).
 
     ``load_module(variant)`` gives the variant's Relax module (default: the zoo model via hetpart.api).
@@ -293,62 +293,6 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
         models.record_run(profiler.session_id, profiler.device, budget_s, summary.elapsed_s,
                           dataclasses.asdict(summary))
     return summary
-
-
-def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
-               variants: Sequence[sampling.ModelVariant] | None = None,
-               load_module: Callable[[sampling.ModelVariant], Any] = _import) -> dict[str, int]:
-    """Measure every stored zoo kernel and whole model once more; keep whichever median is lower.
-
-    Contention on a shared machine only ever adds time, so over several sessions the lowest median is the best
-    estimate of a kernel's own latency (the same rule :class:`BestWindowProfiler` applies within a session).
-    Each new kernel timing is also recorded as a retest of this session (the between-session noise floor).
-    Variants are visited in tier order until ``budget_s`` runs out; the run is logged in the database.
-    """
-    start = time.monotonic()
-    left = lambda: budget_s - (time.monotonic() - start)   # noqa: E731
-    ident = (profiler.device, profiler.target, profiler.tvm_version)
-    counts = {"kernels": 0, "kernels_lowered": 0, "models": 0, "models_lowered": 0, "variants_skipped": 0}
-    with ProfileStore(db_path) as store, ModelDatabase(db_path) as models:
-        stored = {m.key_hash: m for m in store.measurements(profiler.device, "ok", profiler.target,
-                                                            profiler.tvm_version)}
-        known = {r.name: r for r in models.variants(*ident)}
-        seen: set[str] = set()
-        for variant in variants if variants is not None else sampling.zoo_variants():
-            record = known.get(variant.name)
-            if left() <= 0 or record is None or not record.aligned:
-                counts["variants_skipped"] += record is not None or left() <= 0
-                continue
-            mod = load_module(variant)
-            kernels = map_kernels(mod, variant.name, profiler)
-            if kernels.node_keys != record.node_keys:
-                logger.warning("%s: its kernels changed since it was profiled; profile it again instead", variant.name)
-                counts["variants_skipped"] += 1
-                continue
-            for w in kernels.workloads:
-                old = stored.get(w.key_hash)
-                if w.key_hash in seen or old is None or left() <= 0:
-                    continue
-                seen.add(w.key_hash)
-                new = profiler.measure(w)
-                counts["kernels"] += 1
-                if new.status == "ok" and new.canary_us:       # one value per session: the noise floor's data
-                    models.add_retest(w.key_hash, *ident, new.median_us, new.spread or 0.0, new.canary_us,
-                                      profiler.session_id)
-                if new.status == "ok" and new.median_us < old.median_us:
-                    store.add(new, replace=True)
-                    stored[w.key_hash] = new
-                    counts["kernels_lowered"] += 1
-            if record.model_median_us is not None and left() > 0:
-                median, spread, canary = measure_model(mod, profiler, getattr(profiler, "windows", 3))
-                counts["models"] += 1
-                if median < record.model_median_us:
-                    models.set_model_latency(variant.name, *ident, median, spread, canary, profiler.session_id)
-                    counts["models_lowered"] += 1
-            logger.info("refined %s: %s", variant.name, counts)
-        models.record_run(profiler.session_id, profiler.device, budget_s, time.monotonic() - start,
-                          {"refine": counts})
-    return counts
 
 
 def repair_features(store: ProfileStore, kernels: ModelKernels, stored: dict[str, Any]) -> int:

@@ -314,7 +314,8 @@ def _counting_profiler():
 def test_profile_campaign_is_resumable_and_records_models_retests_and_synthetic_kernels(tmp_path):
     from predictors import sampling
     from predictors.training import load_training_data, noise_floor_of
-    from predictors.zoo_profile import profile_zoo, refine_zoo
+    from predictors.refine import refine_zoo
+    from predictors.zoo_profile import profile_zoo
 
     CountingProfiler = _counting_profiler()
     db = tmp_path / "zoo.sqlite"
