@@ -7,7 +7,7 @@ deployment pipeline is usually node i; :func:`align_calls` pairs each call with 
 output shapes (same operand sizes and op names preferred, nearest position), which also covers branches the two
 orders list differently. Every pairing is verified by output shapes; nodes left without a kernel must be host-side
 shape computations. On any mismatch the model's kernels keep the TIR-derived features of
-:func:`predictors.profiler.kernels_of_module`, a warning is logged, ``aligned`` is False and
+:func:`predictors.workloads.kernels_of_module`, a warning is logged, ``aligned`` is False and
 :data:`ALIGNMENT_STATS` counts it (``predictors.training`` leaves such rows out of fits and counts them).
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from hetpart.graph import OpGraph
-from predictors.profiler import (KernelProfiler, KernelWorkload, _fuse_for_deployment, flatten_tensor_types,
-                                 kernels_of_module)
+from predictors.profiler import KernelProfiler
+from predictors.workloads import KernelWorkload, flatten_tensor_types, fuse_for_deployment, kernels_of_module
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def deployment_calls(mod: Any, target: Any, pipeline: Any) -> list[tuple[str, tu
     import tvm
     from tvm import relax
 
-    fused = _fuse_for_deployment(mod, target, pipeline)
+    fused = fuse_for_deployment(mod, target, pipeline)
     call_tir = tvm.ir.Op.get("relax.call_tir")
     calls = []
     for block in fused["main"].body.blocks:

@@ -261,7 +261,7 @@ class Candidate:
     tier: int
     expected_s: float
     source: str                  # model variant or synthetic spec name
-    workload: Any = None         # predictors.profiler.KernelWorkload (opaque here)
+    workload: Any = None         # predictors.workloads.KernelWorkload (opaque here)
 
     @property
     def name(self) -> str:

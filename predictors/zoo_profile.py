@@ -32,7 +32,8 @@ from hetpart.errors import HetpartError
 from predictors import sampling
 from predictors.kernel_mapping import ALIGNMENT_VERSION, ModelKernels, map_kernels
 from predictors.model_db import ModelDatabase
-from predictors.profiler import CompiledKernel, KernelProfiler, KernelWorkload
+from predictors.profiler import CompiledKernel, KernelProfiler
+from predictors.workloads import KernelWorkload
 from predictors.profiling_run import profile_workloads
 from predictors.store import ProfileStore, feature_identity
 from tvm_passes.extract import EXTRACTOR_VERSION

@@ -17,9 +17,9 @@ from tvm import relax  # noqa: E402
 
 from hetpart.errors import PredictorError, SchemaError  # noqa: E402
 from predictors.links import fit_link, measure_link
-from predictors.profiler import (KernelProfiler, KernelWorkload, TimingProtocol,  # noqa: E402
-                                 deployment_pipeline, kernel_kind, kernels_of_module,
-                                 num_threads)
+from predictors.profiler import KernelProfiler, TimingProtocol, num_threads  # noqa: E402
+from predictors.workloads import (KernelWorkload, deployment_pipeline, kernel_kind,  # noqa: E402
+                                  kernels_of_module)
 from predictors.profiling_run import profile_workloads  # noqa: E402
 from predictors.store import ProfileStore  # noqa: E402
 
@@ -80,7 +80,7 @@ def test_kernels_of_module_gives_the_fused_kernels(kernels, by_kind):
 def test_workload_keys_are_stable_across_processes(kernels):
     """A resumed profiling run (a new process) must recognise what an earlier process measured."""
     code = ("import sys; sys.path.insert(0, %r); from test_profiler import conv_add_relu_model; "
-            "from predictors.profiler import kernels_of_module; "
+            "from predictors.workloads import kernels_of_module; "
             "print(' '.join(k.key_hash for k in kernels_of_module(conv_add_relu_model())))"
             % str(Path(__file__).resolve().parent))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -147,7 +147,7 @@ def test_kernel_kind_strips_uniquifier():
 
 def test_missing_schedules_fall_back_with_a_warning(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "tvm_passes.schedules", None)      # import now raises ImportError
-    with caplog.at_level(logging.WARNING, logger="predictors.profiler"):
+    with caplog.at_level(logging.WARNING, logger="predictors.workloads"):
         _, target = deployment_pipeline()
     assert "schedules" in caplog.text and target.kind.name == "llvm"
 

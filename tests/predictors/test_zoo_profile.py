@@ -418,7 +418,8 @@ def test_synthetic_kernels_rejected_as_noisy_are_measured_again_by_the_next_run(
 @pytest.mark.tvm
 def test_best_window_profiler_keeps_the_least_contended_window():
     from predictors import sampling
-    from predictors.profiler import KernelProfiler, kernels_of_module
+    from predictors.profiler import KernelProfiler
+    from predictors.workloads import kernels_of_module
     from predictors.zoo_profile import BestWindowProfiler
 
     (workload,) = kernels_of_module(sampling.build_synthetic_module(SyntheticSpec_add()))

@@ -1,6 +1,6 @@
 """hetpart's default CPU schedules: DLight-style rules applied to CPU PrimFuncs, and the CPU Relax pipeline.
 
-Public API (used by tvm_passes.build and predictors.profiler):
+Public API (used by tvm_passes.build and predictors.workloads / predictors.profiler):
 
 - ``cpu_schedule_pass(target)``: module pass scheduling every unscheduled CPU PrimFunc with the rules.
 - ``cpu_pipeline(target, database_dir=None)``: relax default CPU pipeline + tuning database + the rules.
