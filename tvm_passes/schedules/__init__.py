@@ -12,8 +12,9 @@ Public API (used by tvm_passes.build and predictors.workloads / predictors.profi
 
 # Bump whenever a rule or layout pass change makes an unchanged operator compile to a different kernel, so
 # `hetpart profile` rebuilds stored workloads (new kernels are measured; the old rows go stale, see
-# predictors.training). 2: stride-1 1x1 convs whose rows have no divisor near the vector width are prepacked.
-RULES_VERSION = 2
+# predictors.training). 2: stride-1 1x1 convs whose rows have no divisor near the vector width are prepacked;
+# 3: matmul column tiles are 1, 2 or 4 vectors, never 3.
+RULES_VERSION = 3
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights

@@ -22,14 +22,18 @@ GEMV_VECTORS = 8  # matrix-vector products: independent vector accumulators alon
 
 
 def power_of_two_vector(extent: int, lanes: int, max_vectors: int) -> int:
-    """Column tile: the widest of lanes*{max_vectors..1}, lanes/2, lanes/4 that divides ``extent``.
+    """Column tile: the widest of lanes*{max_vectors, ..., 2, 1} (powers of two), lanes/2, lanes/4 dividing
+    ``extent``.
 
     Measured: odd widths (e.g. 26 for N=2600) and non-dividing tiles (a predicated tail makes TVM scalarise
     the vector loop) are 3-10x slower than an 8-wide tile, and wider dividing tiles are faster
-    (128x256x1024: 64 -> 0.51 ms, 32 -> 0.80 ms, 16 -> 1.21 ms).  Extents no power-of-two width divides
-    (e.g. 37) get the whole extent when it is small, else ``lanes`` with a scalarised tail.
+    (128x256x1024: 64 -> 0.51 ms, 32 -> 0.80 ms, 16 -> 1.21 ms).  Three vectors (48 lanes) are as bad:
+    512x128x96 572 us with 48 vs 40 us with 32, 512x256x96 1130 vs 80, 512x128x48 522 vs 24 with 16.
+    Extents no power-of-two width divides (e.g. 37) get the whole extent when it is small, else ``lanes``
+    with a scalarised tail.
     """
-    widths = [lanes * v for v in range(max_vectors, 0, -1)] + [lanes // 2, lanes // 4]
+    counts = [v for v in (8, 4, 2, 1) if v <= max_vectors]
+    widths = [lanes * v for v in counts] + [lanes // 2, lanes // 4]
     for width in widths:
         if width >= 2 and extent % width == 0:
             return width
