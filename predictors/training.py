@@ -90,7 +90,8 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
         variants = models.variants(device, target, version)
         retests = [(r.key_hash, r.median_us, r.canary_us, r.session_id)
                    for r in models.retests(device, target, version)]
-    superseded = superseded_keys(ok, keep={k for v in variants for k in v.node_keys})
+    # rows of any status: a newer kernel for the operator retires the old one even before it is measured ok
+    superseded = superseded_keys(rows, keep={k for v in variants for k in v.node_keys})
     if superseded:
         logger.info("%d kernel rows measure an operator that a newer row measures as a different kernel (the "
                     "compiler changed since); only the newer rows are used", len(superseded))
@@ -128,12 +129,12 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
 
 
 def superseded_keys(rows: Sequence[Measurement], keep: set[str] = frozenset()) -> set[str]:
-    """Key hashes of rows whose operator a *newer* row measures as a different kernel.
+    """Key hashes of rows whose operator a *newer* row (of any status) measures as a different kernel.
 
     Equal :func:`~predictors.store.feature_identity` under a different key means the compiler now builds
     another kernel for that operator (e.g. a changed CPU rule, see ``tvm_passes.schedules.RULES_VERSION``);
-    only the newest row predicts what deployment runs. Rows in ``keep`` (listed by a stored model variant) are
-    never superseded.
+    only the newest row describes what deployment runs, even while it is still ``rejected_noisy``. Rows in
+    ``keep`` (listed by a stored model variant) are never superseded.
     """
     newest: dict[str, Measurement] = {}
     for m in rows:

@@ -233,6 +233,12 @@ def test_rows_of_an_operator_measured_again_as_a_new_kernel_are_superseded(tmp_p
     assert synthetic_key not in after.kernels and zoo_key in after.kernels
     assert len(after.kernels) == len(before.kernels) + 1               # two new rows, one old row superseded
     assert set(after.records) == set(before.records)
+    with ProfileStore(db) as store:                  # a newer kernel not yet measured ok retires the old row too
+        old = rows[sorted(set(before.kernels) - before.zoo_keys)[1]]
+        store.add(dataclasses.replace(old, key_hash=key_hash_of(old.workload_key + "-v3"), median_us=None,
+                                      workload_key=old.workload_key + "-v3", status="rejected_noisy",
+                                      timestamp_s=old.timestamp_s + 60, row_id=None))
+    assert old.key_hash not in load_training_data(db).kernels
 
 
 def test_evaluate_cli_writes_json_and_png(tmp_path):
