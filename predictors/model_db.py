@@ -9,7 +9,8 @@ models (leave-one-model-out) and fitting its per-kernel overhead also need, per 
 
 Also stored: *retests* -- kernels measured a second time in a later window, for the test-retest noise floor.
 
-the synthetic specs whose kernels are all stored (``hetpart_synthetic_done``, so a rerun does not rebuild them),
+the synthetic specs whose kernels are all stored, with their key hashes (``hetpart_synthetic_done``, so a rerun
+does not rebuild them and training can tell the current specs' kernels from orphans of older samplings),
 and one row per profiling run (budget, wall time, summary) in ``hetpart_profile_runs``.
 
 These live in extra tables (``hetpart_model_variants``, ``hetpart_retests``, ``hetpart_synthetic_done``,
@@ -25,7 +26,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from hetpart.errors import ProfileDatabaseError
 from hetpart.graph import OpGraph
@@ -44,6 +45,7 @@ CREATE TABLE IF NOT EXISTS hetpart_retests (
     session_id TEXT NOT NULL, timestamp_s REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS hetpart_synthetic_done (
     spec TEXT NOT NULL, device TEXT NOT NULL, target TEXT NOT NULL, tvm_version TEXT NOT NULL,
+    keys TEXT NOT NULL DEFAULT '[]',
     PRIMARY KEY (spec, device, target, tvm_version));
 CREATE TABLE IF NOT EXISTS hetpart_profile_runs (
     id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, device TEXT NOT NULL, budget_s REAL NOT NULL,
@@ -90,6 +92,8 @@ class ModelDatabase:
             if "pipeline_version" not in columns:      # a database written before the column existed
                 self._conn.execute("ALTER TABLE hetpart_model_variants ADD COLUMN pipeline_version TEXT "
                                    "NOT NULL DEFAULT ''")
+            if "keys" not in {r[1] for r in self._conn.execute("PRAGMA table_info(hetpart_synthetic_done)")}:
+                self._conn.execute("ALTER TABLE hetpart_synthetic_done ADD COLUMN keys TEXT NOT NULL DEFAULT '[]'")
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise ProfileDatabaseError(f"cannot create the model tables in {self.path!r}: {exc}. Fix: profile "
@@ -186,14 +190,19 @@ class ModelDatabase:
                                   f"{where} ORDER BY id", args).fetchall()
         return [Retest(r[0], float(r[1]), float(r[2]), float(r[3]), r[4]) for r in rows]
 
-    def mark_synthetic_done(self, specs: list[str], device: str, target: str, tvm_version: str) -> None:
-        self._conn.executemany("INSERT OR IGNORE INTO hetpart_synthetic_done VALUES (?, ?, ?, ?)",
-                               [(spec, device, target, tvm_version) for spec in specs])
+    def mark_synthetic_done(self, keys_of_spec: Mapping[str, Sequence[str]], device: str, target: str,
+                            tvm_version: str) -> None:
+        """Record specs whose kernels are all stored, with the key hashes of those kernels."""
+        self._conn.executemany("INSERT OR REPLACE INTO hetpart_synthetic_done VALUES (?, ?, ?, ?, ?)",
+                               [(spec, device, target, tvm_version, json.dumps(sorted(keys)))
+                                for spec, keys in keys_of_spec.items()])
 
-    def synthetic_done(self, device: str, target: str, tvm_version: str) -> set[str]:
-        return {r[0] for r in self._conn.execute(
-            "SELECT spec FROM hetpart_synthetic_done WHERE device = ? AND target = ? AND tvm_version = ?",
-            (device, target, tvm_version))}
+    def synthetic_done(self, device: str, target: str, tvm_version: str) -> dict[str, set[str]]:
+        """Spec marker -> key hashes of its kernels. Markers written before keys were recorded are left out, so
+        those specs are built once more (their kernels, already stored, are not measured again)."""
+        rows = self._conn.execute("SELECT spec, keys FROM hetpart_synthetic_done WHERE device = ? AND target = ? "
+                                  "AND tvm_version = ?", (device, target, tvm_version))
+        return {spec: set(json.loads(keys)) for spec, keys in rows if keys != "[]"}
 
     def record_run(self, session_id: str, device: str, budget_s: float, elapsed_s: float,
                    summary: dict[str, Any]) -> None:

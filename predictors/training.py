@@ -52,6 +52,7 @@ class TrainingData:
     model_keys: dict[str, tuple[str, ...]]          # variant -> key hash per node
     excluded_models: dict[str, str]                 # variant -> why it is not a record
     retests: list[tuple[str, float, float, str]]    # (key hash, median µs, canary µs, session) of re-measurements
+    excluded_orphan_rows: int = 0                   # synthetic rows no current spec makes (older samplings)
 
     @property
     def zoo_keys(self) -> set[str]:
@@ -124,8 +125,29 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
             labels = tuple(kernels[k][1] for _, k in keyed)
             total = normalise_latency(v.model_median_us, v.canary_us, reference)
             records[v.name] = ev.ModelRecord(nodes, labels, total, v.family)
+    orphans = _orphan_keys(db_path, kernels, {k for v in variants for k in v.node_keys}, (device, target, version))
+    for key in orphans:
+        del kernels[key]
     return TrainingData(device, target, version, reference, kernels, raw, excluded, records, model_keys, why_not,
-                        retests)
+                        retests, len(orphans))
+
+
+def _orphan_keys(db_path: str | Path, kernels: Mapping[str, Any], zoo_keys: set[str], ident: tuple) -> set[str]:
+    """Synthetic rows that no current synthetic spec makes: the sampling moved on (its seeds are the zoo's
+    kernels, which change with the compiler) and such rows describe kernels nothing asks about any more -- some
+    built by older CPU rules (27-wide 1x1 convs at 5-7x their neighbours' time). Kept only when no current spec
+    recorded its keys yet (a database not profiled since)."""
+    from predictors.zoo_profile import current_synthetic_keys
+
+    with ModelDatabase(db_path) as models:
+        current = current_synthetic_keys(models, *ident)
+    if current is None:
+        return set()
+    orphans = {k for k in kernels if k not in zoo_keys and k not in current}
+    if orphans:
+        logger.info("%d synthetic kernel rows are made by no current synthetic spec (an older sampling); they are "
+                    "not used", len(orphans))
+    return orphans
 
 
 def superseded_keys(rows: Sequence[Measurement], keep: set[str] = frozenset()) -> set[str]:

@@ -278,10 +278,12 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 if left() <= 0:
                     summary.kernels_not_started += len(specs) - first
                     break
-                chunk, names = [], [_done_marker(s) for s in specs[first:first + synthetic_chunk]]
+                chunk, keys_of_spec = [], {}
                 for spec in specs[first:first + synthetic_chunk]:
-                    chunk += candidates_of(map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler),
-                                           sampling.TIER_SYNTHETIC)
+                    made = candidates_of(map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler),
+                                         sampling.TIER_SYNTHETIC)
+                    keys_of_spec[_done_marker(spec)] = [c.key_hash for c in made]
+                    chunk += made
                 run = profile_workloads(store, [c.workload for c in sampling.prioritise(chunk)], profiler,
                                         max(0.0, left()), on_kernel, retry=("rejected_noisy",))
                 summary.kernels_measured += run.measured
@@ -289,7 +291,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 summary.kernels_not_started += run.not_started
                 noisy = any(store.has(c.key_hash, *ident, statuses=("rejected_noisy",)) for c in chunk)
                 if run.not_started == 0 and run.claimed_elsewhere == 0 and not noisy:
-                    models.mark_synthetic_done(names, *ident)      # else the next run measures the chunk again
+                    models.mark_synthetic_done(keys_of_spec, *ident)   # else the next run measures them again
         summary.elapsed_s = time.monotonic() - start
         models.record_run(profiler.session_id, profiler.device, budget_s, summary.elapsed_s,
                           dataclasses.asdict(summary))
@@ -337,7 +339,21 @@ def remeasure_noisy(store: ProfileStore, workloads: Sequence[KernelWorkload], pr
 
 
 def _done_marker(spec: sampling.SyntheticSpec) -> str:
-    return f"{spec.name}@{PIPELINE_VERSION}.synthetic-{sampling.SYNTHETIC_VERSION}"
+    return f"{spec.name}{current_marker_suffix()}"
+
+
+def current_marker_suffix() -> str:
+    """How the done markers of the current pipeline and synthetic version end (see :func:`current_synthetic_keys`)."""
+    return f"@{PIPELINE_VERSION}.synthetic-{sampling.SYNTHETIC_VERSION}"
+
+
+def current_synthetic_keys(models: ModelDatabase, device: str, target: str, tvm_version: str) -> set[str] | None:
+    """Key hashes of the kernels the current synthetic specs make, or None when no current spec recorded its keys
+    (a database not profiled since; then every stored synthetic row counts)."""
+    suffix = current_marker_suffix()
+    current = [keys for spec, keys in models.synthetic_done(device, target, tvm_version).items()
+               if spec.endswith(suffix)]
+    return set().union(*current) if current else None
 
 
 def _spec_cost(spec: sampling.SyntheticSpec) -> float:

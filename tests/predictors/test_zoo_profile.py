@@ -394,6 +394,25 @@ def test_a_new_pipeline_version_refreshes_stored_features_without_measuring_agai
 
 
 @pytest.mark.tvm
+def test_synthetic_rows_no_current_spec_makes_are_left_out_of_training(tmp_path, monkeypatch):
+    from predictors import sampling, zoo_profile
+    from predictors.training import load_training_data
+
+    CountingProfiler = _counting_profiler()
+    db = tmp_path / "zoo.sqlite"
+    variants = [sampling.ModelVariant("tiny_cnn", 1, 16, "tiny", 0)]
+    kwargs = dict(budget_s=600, variants=variants, retest_count=0, load_module=tiny_cnn)
+    zoo_profile.profile_zoo(db, profiler=CountingProfiler(), max_synthetic=3, **kwargs)
+    before = load_training_data(db)
+    assert before.excluded_orphan_rows == 0 and len(before.synthetic()[0]) == 3
+    monkeypatch.setattr(zoo_profile, "PIPELINE_VERSION", "extract-99.rules-99")   # a new sampling: one spec fewer
+    zoo_profile.profile_zoo(db, profiler=CountingProfiler(), max_synthetic=2, **kwargs)
+    after = load_training_data(db)
+    assert after.excluded_orphan_rows == 1 and len(after.synthetic()[0]) == 2
+    assert len(after.kernels) == len(before.kernels) - 1
+
+
+@pytest.mark.tvm
 def test_synthetic_kernels_rejected_as_noisy_are_measured_again_by_the_next_run(tmp_path):
     from predictors import sampling, zoo_profile
 
