@@ -289,9 +289,9 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 summary.kernels_measured += run.measured
                 summary.kernels_skipped += run.skipped
                 summary.kernels_not_started += run.not_started
-                noisy = any(store.has(c.key_hash, *ident, statuses=("rejected_noisy",)) for c in chunk)
-                if run.not_started == 0 and run.claimed_elsewhere == 0 and not noisy:
-                    models.mark_synthetic_done(keys_of_spec, *ident)   # else the next run measures them again
+                # a spec is done when each of its kernels has a final row; noisy or unstarted ones: next run
+                models.mark_synthetic_done({spec: keys for spec, keys in keys_of_spec.items() if all(
+                    store.has(k, *ident, statuses=("ok", "failed")) for k in keys)}, *ident)
         summary.elapsed_s = time.monotonic() - start
         models.record_run(profiler.session_id, profiler.device, budget_s, summary.elapsed_s,
                           dataclasses.asdict(summary))
