@@ -5,7 +5,8 @@ Labels: each ``ok`` kernel row's median, put on one scale with the canary of its
 features were not taken from the kernel graph (``tags.source == "tir"``: the kernel <-> node alignment failed for
 their model, see :mod:`predictors.zoo_profile`) are left out and counted, because prediction-time features
 never look like them. Rows superseded by a newer measurement of the same operator as another kernel (the
-compiler changed since, :func:`superseded_keys`) are left out too.
+compiler changed since, :func:`superseded_keys`) are left out too, and so are synthetic rows that no current
+synthetic spec makes (an older sampling, :func:`_orphan_keys`).
 
 Model-level data: every aligned model variant with a measured whole-model latency and an ``ok`` label for each
 of its kernels becomes an :class:`predictors.evaluate.ModelRecord` (nodes, per-node labels, normalised model
@@ -198,7 +199,8 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
             "profile_runs": len(runs), "profile_seconds_total": sum(r["elapsed_s"] for r in runs),
             "n_synthetic_kernels": len(set(keys) - data.zoo_keys), "n_model_records": len(data.records),
             "excluded_tir_feature_rows": data.excluded_tir_features, "canary_reference_us": data.reference_canary_us,
-            "profile_db": str(db_path), "excluded_models": data.excluded_models}
+            "excluded_orphan_rows": data.excluded_orphan_rows, "profile_db": str(db_path),
+            "excluded_models": data.excluded_models}
     predictor.fit_info.update({"training": info})
     if output is not None:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
@@ -302,6 +304,7 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
         "n_kernel_rows_ok": len(data.kernels), "n_synthetic_kernels": len(syn_nodes),
         "n_kernel_instances": sum(len(r.nodes) for r in data.records.values()),
         "excluded_models": data.excluded_models, "excluded_tir_feature_rows": data.excluded_tir_features,
+        "excluded_orphan_rows": data.excluded_orphan_rows,
         "row_statuses": dict(Counter(m.status for m in data.raw.values())),
         "canary_reference_us": data.reference_canary_us, "methods": sorted(methods), "splits": {}, "verdicts": [],
     }
