@@ -65,7 +65,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
     if report.get("excluded_models"):
         lines += ["Excluded model variants: " + "; ".join(f"{k}: {v}" for k, v in report["excluded_models"].items()),
                   ""]
-    lines += ["## Goals (polynomial, leave-one-model-out)", "", "| goal | target | measured | met |", "|---|---|---|---|"]
+    lines += ["## Goals (polynomial, leave-one-model-out)", "", "| goal | target | measured | met |",
+              "|---|---|---|---|"]
     for goal, g in (report.get("goals_polynomial_lomo") or {}).items():
         lines.append(f"| {goal} | {g['sense']} | {_num(g['measured'], 4)} | {'yes' if g['met'] else '**NO**'} |")
     prof = report.get("profile_seconds_total", 0.0)

@@ -16,7 +16,9 @@ conv 64->64 3x3 at 28x28              162         167         0.15 MB
 so the model (4.3-5.0 ms) took 1.3-1.5x the sum of its isolated kernels (3.3 ms). Two terms, fitted on
 whole-model measurements (:func:`fit_context_terms`), turn isolated predictions into in-model ones:
 
-* ``per_kernel_overhead_us`` — the VM's work per kernel call (tensor allocation, argument checks; ~3.5 µs here);
+* ``per_kernel_overhead_us`` — the VM's work per kernel call beyond what the isolated timing already includes
+  (tensor allocation, argument checks). The fit on the zoo database (``predictors/data/cpu_default.json``) gives
+  0 µs: the isolated labels already carry the call overhead, and the cold-weight term explains the gap;
 * ``cold_param_us_per_mb`` — time per MB of *cold* parameters: a kernel's ``param_bytes`` when they fit in the
   last-level cache (``cache_bytes``; larger ones are cold in isolation too, so the label already pays for them)
   and the kernel is not a recurrent step (the ONNX RNN unroller tags step kernels ``rnn_phase="step"``: every

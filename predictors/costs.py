@@ -5,8 +5,8 @@ Each device of the :class:`~hetpart.devices.DeviceSet` needs a predictor: any ob
 :class:`~predictors.device_predictor.DevicePredictor`, ``"analytic"`` for
 :class:`~predictors.analytic.AnalyticGpuModel`.
 On a kernel-level graph the predictor's in-model terms (``predictor.context``, when it has them) are added: the
-kernel's latency inside a model, not in isolation. Entries found in ``measured`` replace predictions and are labelled ``"measured"``.
-Copy links come from the DeviceSet (the CostTable reads them from there).
+kernel's latency inside a model, not in isolation. Entries found in ``measured`` replace predictions and are
+labelled ``"measured"``. Copy links come from the DeviceSet (the CostTable reads them from there).
 
 Support (unless ``supported`` is given): every op runs on a CPU. On a GPU, ops that compute only shapes or
 metadata (``node.shape_only``, or shape ops such as ``shape_of`` / ``tensor_to_shape`` / ``shape_to_tensor``)
