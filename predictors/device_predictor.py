@@ -132,9 +132,9 @@ class DevicePredictor:
         return out
 
     def fit_context(self, models: Iterable[tuple[Sequence[OpNode], float]],
-                    cache_bytes: int | None = None) -> ContextTerms:
+                    cache_bytes: int | None = None, core_cache: int | None = None) -> ContextTerms:
         """Fit and store the in-model terms from whole-model measurements (see :mod:`predictors.context`)."""
-        self.context = fit_context_terms(self, models, cache_bytes)
+        self.context = fit_context_terms(self, models, cache_bytes, core_cache)
         return self.context
 
     def predict_in_context(self, nodes: Sequence[OpNode]) -> np.ndarray:

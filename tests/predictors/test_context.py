@@ -1,11 +1,11 @@
-"""In-model terms: per-kernel overhead + cold weights (fit recovers known terms, rules, JSON, model latency)."""
+"""In-model terms: overhead, cold weights, spilled activations (fit recovers known terms, rules, JSON, latency)."""
 import numpy as np
 import pytest
 
 from hetpart.errors import PredictorError
 from hetpart.graph import OpNode
-from predictors.context import (ContextTerms, fit_context_terms, last_level_cache_bytes, predict_in_context_us,
-                                predict_model_latency_us)
+from predictors.context import (ContextTerms, core_cache_bytes, fit_context_terms, last_level_cache_bytes,
+                                predict_in_context_us, predict_model_latency_us)
 from predictors.device_predictor import DevicePredictor
 from tests.predictors.synthetic_kernels import chain_graph, conv_node, matmul_node, random_kernels, \
     synthetic_latency_us
@@ -31,17 +31,34 @@ def test_cold_bytes_rules():
     np.testing.assert_allclose(terms.extra_us([small, big]), [10.0 * small.param_bytes / 1e6, 0.0])
 
 
+def test_spilled_activation_rules():
+    terms = ContextTerms(0.0, 0.0, cache_bytes=32 * 2 ** 20, spilled_activation_us_per_mb=30.0,
+                         core_cache_bytes=2 * 2 ** 20)
+    small = conv_node(0, 1, 64, 64, 28, 3)          # 0.4 MB of activations: stays in the cores' caches
+    mid = conv_node(1, 4, 64, 64, 112, 3)           # 25.7 MB: L3 in isolation, partly DRAM in a model
+    huge = conv_node(2, 16, 64, 64, 112, 3)         # 103 MB: DRAM in isolation too
+    activation = mid.bytes_read + mid.bytes_written - mid.param_bytes
+    assert terms.spilled_activation_bytes(small) == 0.0
+    assert terms.spilled_activation_bytes(mid) == activation - 2 * 2 ** 20 > 0
+    assert terms.spilled_activation_bytes(huge) == 0.0
+    np.testing.assert_allclose(terms.extra_us([small, mid, huge]), [0.0, 30.0 * (activation - 2 ** 21) / 1e6, 0.0])
+    assert core_cache_bytes(threads=1) <= core_cache_bytes(threads=2) and core_cache_bytes() > 0
+
+
 def test_fit_recovers_known_terms(predictor):
     pred, nodes = predictor
     pred = DevicePredictor.from_dict(pred.to_dict())
-    cache = 32 * 2 ** 20
+    cache, core = 32 * 2 ** 20, 2 ** 20
     graphs = [chain_graph(nodes[i:i + 30], name=f"m{i}") for i in range(0, 300, 30)]
-    truth = ContextTerms(4.0, 25.0, cache)
+    truth = ContextTerms(4.0, 25.0, cache, 12.0, core)
+    assert sum(truth.spilled_activation_bytes(n) > 0 for n in nodes[:300]) >= 10     # the term is exercised
     measured = [(g.nodes, float(pred.predict(g.nodes).sum() + truth.extra_us(g.nodes).sum())) for g in graphs]
-    fitted = fit_context_terms(pred, measured, cache_bytes=cache)
+    fitted = fit_context_terms(pred, measured, cache_bytes=cache, core_cache=core)
     assert fitted.per_kernel_overhead_us == pytest.approx(4.0, rel=1e-6)
     assert fitted.cold_param_us_per_mb == pytest.approx(25.0, rel=1e-6)
-    assert pred.fit_context(measured, cache_bytes=cache) == fitted and pred.context == fitted
+    assert fitted.spilled_activation_us_per_mb == pytest.approx(12.0, rel=1e-6)
+    assert fitted.core_cache_bytes == core
+    assert pred.fit_context(measured, cache_bytes=cache, core_cache=core) == fitted and pred.context == fitted
     g = graphs[0]
     expected = pred.predict(g.nodes) + fitted.extra_us(g.nodes)
     np.testing.assert_allclose(pred.predict_in_context(g.nodes), expected)
@@ -59,6 +76,7 @@ def test_terms_never_go_negative(predictor):
     measured = [(g.nodes, 0.5 * float(pred.predict(g.nodes).sum())) for g in graphs]
     fitted = fit_context_terms(pred, measured, cache_bytes=2 ** 25)
     assert 0.0 <= fitted.per_kernel_overhead_us < 1e-9 and 0.0 <= fitted.cold_param_us_per_mb < 1e-9
+    assert 0.0 <= fitted.spilled_activation_us_per_mb < 1e-9
 
 
 def test_errors_and_json():
@@ -70,8 +88,13 @@ def test_errors_and_json():
         ContextTerms(-1.0, 0.0).validate()
     with pytest.raises(PredictorError, match="malformed"):
         ContextTerms.from_dict({"per_kernel_overhead_us": 1.0})
-    terms = ContextTerms(1.5, 20.0, 123456)
+    with pytest.raises(PredictorError, match=">= 0"):
+        ContextTerms(0.0, 0.0, spilled_activation_us_per_mb=float("nan")).validate()
+    terms = ContextTerms(1.5, 20.0, 123456, 7.5, 65536)
     assert ContextTerms.from_dict(terms.to_dict()) == terms
+    # a predictor saved before the activation term loads with the term off: same predictions as before
+    old = {k: v for k, v in terms.to_dict().items() if k not in ("spilled_activation_us_per_mb", "core_cache_bytes")}
+    assert ContextTerms.from_dict(old).spilled_activation_us_per_mb == 0.0
     assert last_level_cache_bytes() > 0
 
 
