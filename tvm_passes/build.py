@@ -31,99 +31,29 @@ from tvm.target import Target
 
 from hetpart.devices import DeviceSet
 from hetpart.errors import BuildError
+from tvm_passes.annotate import VDEVICE_NAMES_ATTR
 from tvm_passes.artifact import WEIGHTS_FUNCTION, BuildManifest, BuildResult, export
-from tvm_passes.annotate import (VDEVICE_NAMES_ATTR, host_device, map_type_vdevices, retarget_vdevices,
-                                 runtime_device, tensor_vdevices, vdevice_key)
+from tvm_passes.kernel_targets import bind_kernel_targets, check_single_device_kernels, kernel_calls
+from tvm_passes.vdevices import host_device, retarget_vdevices, runtime_device, tensor_vdevices, vdevice_key
+
+# bind_kernel_targets, check_single_device_kernels and kernel_calls moved to tvm_passes.kernel_targets;
+# re-exported from here
+__all__ = ["bind_kernel_targets", "build", "check_cuda_kernels", "check_single_device_kernels",
+           "compile_cuda_source_with_nvcc", "cuda_available", "cuda_kernel_names", "kernel_calls",
+           "lift_weight_uploads"]
 
 logger = logging.getLogger(__name__)
 
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _TO_VDEVICE = tvm.ir.Op.get("relax.to_vdevice")
 
 
-# ---------------------------------------------------------------------------------------------- targets
-def _first_vdevice(types: Sequence[Any]) -> relax.VDevice | None:
-    return next((v for ty in types for v in tensor_vdevices(ty) if v is not None), None)
-
-
-def _target_with_host(target: Target, host: Target) -> Target:
-    if "gpu" in target.keys:
-        return Target(target.export(), host=host)
-    return target
-
-
-@relax.expr_functor.mutator
-class _KernelTargetBinder(relax.PyExprMutator):
-    """Gives every ``call_tir`` a vdevice (from its output type, else its tensor arguments, else the host) and
-    makes its PrimFunc carry that vdevice's target (cloned per target when one PrimFunc serves two devices)."""
-
-    def __init__(self, mod: tvm.IRModule, host: relax.VDevice):
-        super().__init__(mod)
-        self.source = mod
-        self.host = host
-        self.clones: dict[tuple[str, str], tvm.ir.GlobalVar] = {}
-
-    def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 (visitor hook)
-        call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CALL_TIR)):
-            return call
-        out_ty = call.ty_args[0]
-        vd = _first_vdevice([out_ty]) or _first_vdevice([a.ty for a in call.args[1].fields]) or self.host
-        target = _target_with_host(vd.target, self.host.target)
-        gv = call.args[0]
-        func = self.source[gv]
-        current = func.attrs.get("target") if func.attrs else None
-        if current is not None and str(current.kind.name) == str(target.kind.name) \
-                and str(current) == str(target):
-            new_gv = gv
-        else:
-            key = (gv.name_hint, str(target))
-            if key not in self.clones:
-                suffix = "" if gv.name_hint.endswith("_" + str(target.kind.name)) else "_" + str(target.kind.name)
-                self.clones[key] = self.builder_.add_func(func.with_attr("target", target), gv.name_hint + suffix)
-            new_gv = self.clones[key]
-        new_out_ty = map_type_vdevices(out_ty, lambda _: vd)
-        return relax.Call(call.op, [new_gv] + list(call.args[1:]), call.attrs, [new_out_ty])
-
-
-def bind_kernel_targets(mod: tvm.IRModule) -> tvm.IRModule:
-    """Every PrimFunc called from a Relax function gets the target of the vdevice it runs on."""
-    host = mod.global_infos["vdevice"][0]
-    binder = _KernelTargetBinder(mod, host)
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            binder.builder_.update_func(gv, binder.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(binder.builder_.get())
-
-
-def kernel_calls(mod: tvm.IRModule) -> list[tuple[str, set[tuple]]]:
-    """Every ``call_tir`` in ``main``: the kernel's name and the vdevices of its tensor arguments and output.
-
-    (One CPU PrimFunc may legitimately serve two CPU vdevices; what must hold is one device per call.)"""
-    found: list[tuple[str, set[tuple]]] = []
-    for block in mod["main"].body.blocks:
-        for b in block.bindings:
-            call = b.value
-            if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.same_as(_CALL_TIR):
-                types = [a.ty for a in call.args[1].fields] + [b.var.ty]
-                vds = {vdevice_key(v) for t in types for v in tensor_vdevices(t) if v is not None}
-                found.append((call.args[0].name_hint, vds))
-    return found
-
-
+# ---------------------------------------------------------------------------------------------- vdevices
 def _used_vdevices(mod: tvm.IRModule) -> set[tuple]:
     """The vdevices holding any tensor of ``main`` (parameters, bindings, copies)."""
     main = mod["main"]
     types = [p.ty for p in main.params] + [b.var.ty for block in main.body.blocks for b in block.bindings]
     return {vdevice_key(v) for t in types for v in tensor_vdevices(t) if v is not None}
 
-
-def check_single_device_kernels(mod: tvm.IRModule) -> None:
-    """Raise BuildError if a kernel (fused or not) reads or writes tensors on two devices."""
-    mixed = {name: sorted(vds) for name, vds in kernel_calls(mod) if len(vds) > 1}
-    if mixed:
-        raise BuildError(f"every kernel must run on one device, but {len(mixed)} kernels mix devices: {mixed}; "
-                         "fusion crossed a device boundary (a copy is missing between the devices)")
 
 
 # ---------------------------------------------------------------------------------------------- schedules
