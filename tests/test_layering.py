@@ -8,8 +8,8 @@ from pathlib import Path
 
 import hetpart.partition
 
-CORE = ["hetpart", "hetpart.errors", "hetpart.graph", "hetpart.graph_elements", "hetpart.devices", "hetpart.costs", "hetpart.plan",
-        "hetpart.simulate"]
+CORE = ["hetpart", "hetpart.errors", "hetpart.graph", "hetpart.graph_elements", "hetpart.devices", "hetpart.costs",
+        "hetpart.plan", "hetpart.simulate"]
 FORBIDDEN = ("tvm", "tvm_ffi", "sklearn", "torch", "tvm_passes", "predictors", "onnx", "onnxruntime")
 
 

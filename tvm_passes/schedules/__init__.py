@@ -5,7 +5,7 @@ Public API (used by tvm_passes.build and predictors.workloads / predictors.profi
 - ``cpu_schedule_pass(target)``: module pass scheduling every unscheduled CPU PrimFunc with the rules.
 - ``cpu_pipeline(target, database_dir=None)``: relax default CPU pipeline + tuning database + the rules.
 - ``default_cpu_target()``: the llvm target hetpart compiles CPU kernels for.
-- ``default_rules()``: the rule list, most specific first.
+- ``default_rules()``: the rule list, most specific first (conv2d, matmul, row reduction, concat, elementwise).
 - ``prepack_conv_weights(lanes)``: Relax pass (before LegalizeOps) storing constant conv weights IHWO so the
   conv rule can vectorise over output channels; ``cpu_pipeline`` runs it, other pipelines may add it.
 """
@@ -13,8 +13,8 @@ Public API (used by tvm_passes.build and predictors.workloads / predictors.profi
 # Bump whenever a rule or layout pass change makes an unchanged operator compile to a different kernel, so
 # `hetpart profile` rebuilds stored workloads (new kernels are measured; the old rows go stale, see
 # predictors.training). 2: stride-1 1x1 convs whose rows have no divisor near the vector width are prepacked;
-# 3: matmul column tiles are 1, 2 or 4 vectors, never 3.
-RULES_VERSION = 3
+# 3: matmul column tiles are 1, 2 or 4 vectors, never 3; 4: concatenations are partitioned per input (concat rule).
+RULES_VERSION = 4
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights

@@ -1,4 +1,4 @@
-"""CPU rule for injective kernels (elementwise, broadcast, transpose, reshape, pad, concat).
+"""CPU rule for injective kernels (elementwise, broadcast, transpose, reshape, pad; concat has its own rule).
 
 Every block is spatial.  Producers are inlined into the output block where possible; the output loop nest
 is split into parallel leading loops and a vectorised trailing loop (see parallel_vectorize_nest).

@@ -27,12 +27,13 @@ logger = logging.getLogger(__name__)
 
 def default_rules() -> list[CpuRule]:
     """hetpart's CPU rules, most specific first (the first rule that applies wins)."""
+    from .concat import Concat
     from .conv2d import Conv2dNCHW
     from .elementwise import Elementwise
     from .matmul import Matmul
     from .reduction import RowReduction
 
-    return [Conv2dNCHW(), Matmul(), RowReduction(), Elementwise()]
+    return [Conv2dNCHW(), Matmul(), RowReduction(), Concat(), Elementwise()]
 
 
 def _is_cpu_func(func: tirx.PrimFunc, target: Target) -> tuple[bool, Target | None]:

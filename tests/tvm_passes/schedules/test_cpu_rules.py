@@ -232,6 +232,44 @@ def test_elementwise_rule_vectorises_and_matches_numpy(target):
     np.testing.assert_allclose(_run(mod, target, [x, y]), np.clip((x + y) * x, 0, 6), rtol=TOL, atol=TOL)
 
 
+@pytest.mark.parametrize("shapes,axis", [
+    pytest.param([(1, 24, 7, 7)] + [(1, 8, 7, 7)] * 6, 1, id="densenet-like-7-inputs"),
+    pytest.param([(2, 5, 9), (2, 3, 9), (2, 7, 9)], 1, id="batch2-ragged-segments"),
+    pytest.param([(6, 5), (6, 11), (6, 16)], 1, id="last-axis"),
+    pytest.param([(3, 40), (5, 40)], 0, id="first-axis"),
+])
+def test_concat_rule_partitions_the_axis_and_matches_numpy(target, shapes, axis):
+    """concat + BatchNorm-like epilogue + ReLU: the concat rule applies and the result matches numpy."""
+    xs = [RNG.randn(*s).astype("float32") for s in shapes]
+    channels = sum(s[axis] for s in shapes)
+    scale = RNG.rand(channels).astype("float32") + 0.5
+    bshape = [1] * len(shapes[0])
+    bshape[axis] = channels
+
+    def body(*vs):
+        cat = relax.op.concat(list(vs), axis=axis)
+        return relax.op.nn.relu(relax.op.multiply(cat, relax.const(scale.reshape(bshape))))
+
+    mod = _module([(f"x{i}", s, "float32") for i, s in enumerate(shapes)], body)
+    funcs = _scheduled_funcs(mod, target)
+    _assert_rule(funcs, "concat", parallel=False, vectorized=False)
+    (func,) = [f for f in funcs.values() if f.attrs.get("hetpart.cpu_rule") == "concat"]
+    assert func.script().count("T.sblock(") >= len(shapes), "one partition (block copy) per input"
+    ref = np.maximum(np.concatenate(xs, axis=axis) * scale.reshape(bshape), 0.0)
+    np.testing.assert_allclose(_run(mod, target, xs), ref, rtol=TOL, atol=TOL)
+
+
+def test_concat_rule_leaves_other_injective_kernels_alone(target):
+    from tvm_passes.schedules.concat import Concat
+
+    shape = (1, 8, 5, 5)
+    plain = _module([("x", shape, "float32"), ("y", (1, 8, 1, 1), "float32")], lambda a, b: relax.op.add(a, b))
+    with target:
+        legal = tvm.transform.Sequential(cpu_generic.legalize_passes(target))(plain)
+    (func,) = [f for _, f in legal.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert Concat().apply(func, target) is None     # reads at v (and a broadcast), never at v - offset
+
+
 def test_matmul_column_tiles_are_power_of_two_vector_counts():
     """1, 2 or 4 SIMD registers (or a half/quarter register), never 3: a 48-lane tile ran 14x slower."""
     from tvm_passes.schedules.matmul import power_of_two_vector
