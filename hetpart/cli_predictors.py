@@ -60,8 +60,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     predictor, info = fit_from_db(db, device=args.device, output=args.output)
     ctx = predictor.context
     log.info("fitted %s predictor on %d kernels in %.1f s (in a model: +%.2f us per kernel, +%.1f us per MB of "
-             "cold weights) -> %s", args.device, info["n_kernels"], info["fit_seconds"], ctx.per_kernel_overhead_us,
-             ctx.cold_param_us_per_mb, args.output)
+             "cold weights, +%.1f us per MB of activations beyond %.1f MiB) -> %s", args.device, info["n_kernels"],
+             info["fit_seconds"], ctx.per_kernel_overhead_us, ctx.cold_param_us_per_mb,
+             ctx.spilled_activation_us_per_mb, ctx.core_cache_bytes / 2 ** 20, args.output)
     return 0
 
 

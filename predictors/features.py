@@ -21,7 +21,7 @@ import numpy as np
 
 from hetpart.graph import OpNode
 
-FEATURE_SCHEMA_VERSION = 2
+FEATURE_SCHEMA_VERSION = 3
 
 KINDS = ("conv2d", "depthwise_conv2d", "matmul", "pool", "elementwise", "reduction", "data_movement", "other")
 
@@ -47,8 +47,10 @@ _ELEMENTWISE_OPS = {"add", "subtract", "multiply", "divide", "floor_divide", "po
                     "isinf", "isfinite", "bitwise_and", "bitwise_or", "hard_sigmoid", "hard_swish", "trunc"}
 # Members whose per-element cost is a polynomial/series evaluation (TVM has no vectorised libm on CPU): BERT-small's
 # GELU kernel (erf) at batch 4 took 3.7 ns per element (1.96 ms for 512x1024).
+# Softmax evaluates exp per element as well.
 _TRANSCENDENTAL_OPS = {"exp", "log", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "power", "divide", "nn.gelu",
-                       "nn.gelu_tanh", "nn.silu", "nn.softplus", "nn.selu", "sin", "cos", "tan", "hard_swish"}
+                       "nn.gelu_tanh", "nn.silu", "nn.softplus", "nn.selu", "sin", "cos", "tan", "hard_swish",
+                       "nn.softmax", "nn.log_softmax"}
 # Data-movement members that change the memory layout (strided reads/writes instead of streaming copies).
 _LAYOUT_OPS = {"permute_dims", "concat", "stack", "split", "take", "strided_slice", "dynamic_strided_slice",
                "layout_transform", "flip", "gather_elements", "gather_nd", "scatter_elements", "scatter_nd",

@@ -198,10 +198,10 @@ class ModelDatabase:
                                 for spec, keys in keys_of_spec.items()])
 
     def synthetic_done(self, device: str, target: str, tvm_version: str) -> dict[str, set[str]]:
-        """Spec marker -> key hashes of its kernels. Markers written before keys were recorded are left out, so
-        those specs are built once more (their kernels, already stored, are not measured again)."""
+        """Spec marker -> key hashes of its kernels, oldest marker first. Markers written before keys were recorded
+        are left out, so those specs are built once more (their kernels, already stored, are not measured again)."""
         rows = self._conn.execute("SELECT spec, keys FROM hetpart_synthetic_done WHERE device = ? AND target = ? "
-                                  "AND tvm_version = ?", (device, target, tvm_version))
+                                  "AND tvm_version = ? ORDER BY rowid", (device, target, tvm_version))
         return {spec: set(json.loads(keys)) for spec, keys in rows if keys != "[]"}
 
     def record_run(self, session_id: str, device: str, budget_s: float, elapsed_s: float,

@@ -348,12 +348,23 @@ def current_marker_suffix() -> str:
 
 
 def current_synthetic_keys(models: ModelDatabase, device: str, target: str, tvm_version: str) -> set[str] | None:
-    """Key hashes of the kernels the current synthetic specs make, or None when no current spec recorded its keys
-    (a database not profiled since; then every stored synthetic row counts)."""
-    suffix = current_marker_suffix()
-    current = [keys for spec, keys in models.synthetic_done(device, target, tvm_version).items()
-               if spec.endswith(suffix)]
-    return set().union(*current) if current else None
+    """Key hashes of the kernels the current synthetic specs make, or None when no spec of the current sampling
+    recorded its keys (a database not profiled since; then every stored synthetic row counts).
+
+    Specs done under the current pipeline count. Until the database is profiled under a new pipeline version (a
+    compiler change), the current sampling's specs done under the most recent earlier pipeline version stand in
+    for them: what they made is what the database holds, and rows of older samplings stay orphans.
+    """
+    done = models.synthetic_done(device, target, tvm_version)
+    current = [keys for spec, keys in done.items() if spec.endswith(current_marker_suffix())]
+    if current:
+        return set().union(*current)
+    sampling_suffix = f".synthetic-{sampling.SYNTHETIC_VERSION}"
+    same_sampling = [spec for spec in done if spec.endswith(sampling_suffix)]
+    if not same_sampling:
+        return None
+    latest_suffix = "@" + same_sampling[-1].rsplit("@", 1)[1]       # markers come oldest first
+    return set().union(*(done[spec] for spec in same_sampling if spec.endswith(latest_suffix)))
 
 
 def _spec_cost(spec: sampling.SyntheticSpec) -> float:

@@ -140,3 +140,16 @@ def test_a_depthwise_kernel_without_its_own_model_uses_the_conv2d_model(fitted_p
         warnings.simplefilter("ignore")
         expected = predictor.models["conv2d"].predict(feature_matrix([node], KIND_FEATURES["conv2d"]))[0]
     assert value == expected
+
+
+def test_shipped_cpu_predictor_loads_with_this_feature_schema():
+    """The predictor in predictors/data must be refitted whenever the features or the file format change."""
+    from hetpart.compiler import default_cpu_predictor_path
+    from tests.predictors.synthetic_kernels import conv_node
+
+    shipped = DevicePredictor.load(default_cpu_predictor_path())
+    prov = shipped.provenance()
+    assert prov["device"] == "cpu" and prov["n_samples"] > 500
+    node = conv_node(0, 1, 64, 64, 56, 3)
+    latency_us = float(shipped.predict_in_context([node])[0])
+    assert 10.0 < latency_us < 10_000.0      # a 64->64 3x3 conv at 56x56 (231 MFLOP) on a 2-core CPU

@@ -410,6 +410,10 @@ def test_synthetic_rows_no_current_spec_makes_are_left_out_of_training(tmp_path,
     after = load_training_data(db)
     assert after.excluded_orphan_rows == 1 and len(after.synthetic()[0]) == 2
     assert len(after.kernels) == len(before.kernels) - 1
+    # a compiler change not yet profiled: the latest sampling's markers still tell the orphan apart
+    monkeypatch.setattr(zoo_profile, "PIPELINE_VERSION", "extract-100.rules-100")
+    pending = load_training_data(db)
+    assert pending.excluded_orphan_rows == 1 and set(pending.kernels) == set(after.kernels)
 
 
 @pytest.mark.tvm
