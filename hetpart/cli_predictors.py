@@ -50,6 +50,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
                           synthetic=not args.no_synthetic, max_synthetic=args.max_synthetic,
                           retest_count=args.retests, progress=_progress_logger())
     log.info("profile summary: %s", json.dumps(summary.__dict__))
+    if summary.stopped_contended:
+        log.error("profiling stopped early: the machine stayed slower than this database's reference (see the warning "
+                  "above); nothing measured since is comparable. Exit status 3.")
+        return 3
     return 0
 
 
@@ -87,7 +91,9 @@ def _fmt(value: Any) -> str:
 def register(subparsers: Any) -> None:
     """Add ``profile``, ``fit`` and ``evaluate`` to hetpart's subcommand parser."""
     p = subparsers.add_parser("profile", help="measure kernels of the zoo (+ synthetic variations) into a "
-                                              "profile database, resumably, under a time budget")
+                                              "profile database, resumably, under a time budget",
+                              epilog="Exit status 3: stopped early because every timing window was contended (the "
+                                     "machine runs slower than when the database was made); rerun when quiet.")
     p.add_argument("--device", default="cpu", help="device to measure (cpu)")
     p.add_argument("--budget-minutes", type=float, required=True, help="wall-clock budget of this run")
     p.add_argument("--db", type=Path, help=f"profile database (default {default_db()})")

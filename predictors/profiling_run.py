@@ -38,6 +38,7 @@ class ProfileRunSummary:
     not_started: int = 0         # left over when the budget ran out
     statuses: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STATUSES})
     elapsed_s: float = 0.0
+    stopped_contended: bool = False   # stopped early: every recent window was contended (see profile_workloads)
 
 
 ProgressCallback = Callable[[int, int, str, str], None]   # (done, total, kernel name, status)
@@ -46,7 +47,7 @@ ProgressCallback = Callable[[int, int, str, str], None]   # (done, total, kernel
 def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: Profiler, budget_s: float,
                       progress: ProgressCallback | None = None, stale_after_s: float = 3600.0,
                       prepare_chunk: int = 16, retry: Sequence[str] = (),
-                      noisy_passes: int = 1) -> ProfileRunSummary:
+                      noisy_passes: int = 1, stop_after_contended: int = 12) -> ProfileRunSummary:
     """Measure every workload not yet in ``store`` until ``budget_s`` runs out; commit each row as it finishes.
 
     Workloads need ``key_hash`` and ``name``. Workloads already measured (same key, device, target, TVM version)
@@ -59,6 +60,10 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
     ``retry``: statuses (``rejected_noisy``, ``failed``) whose rows are measured again and replaced.
     ``noisy_passes``: while budget remains, workloads this call rejected as noisy are measured again (their row
     replaced) up to this many extra passes at the end, when the machine may be quieter.
+    ``stop_after_contended``: after this many workloads in a row rejected because their windows were contended
+    (the profiler's canary stayed above the database's reference), the machine is slower or busier than when the
+    database was profiled: the run warns once and stops (``stopped_contended``) instead of spending its budget on
+    rejections. 0 never stops.
     """
     if not set(retry) <= {"rejected_noisy", "failed"}:
         raise ValueError(f"retry may name 'rejected_noisy' and 'failed' only; found {list(retry)}")
@@ -77,6 +82,7 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
     chunk = max(1, prepare_chunk)
     noisy: list[Any] = []
     accepted: list[tuple[Any, Measurement]] = []
+    contended_run: list[Measurement] = []
     for index, w in enumerate(pending):
         if time.monotonic() - start > budget_s:
             summary.not_started = len(pending) - index
@@ -107,6 +113,12 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
             accepted.append((w, m))
         if progress is not None:
             progress(done, len(items), w.name, m.status)
+        contended_run = contended_run + [m] if m.error.startswith("contended") else []
+        if stop_after_contended and len(contended_run) >= stop_after_contended:
+            _warn_contended(contended_run, profiler)
+            summary.stopped_contended = True
+            summary.not_started = len(pending) - index - 1
+            break
     contended = getattr(profiler, "contention_of", None)
     for w, m in accepted if contended is not None else ():
         reason = contended(m)   # judged again with the final canary reference of the session
@@ -116,7 +128,7 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
             summary.statuses["rejected_noisy"] += 1
             noisy.append(w)
     remaining_s = budget_s - (time.monotonic() - start)
-    if noisy and noisy_passes > 0 and remaining_s > 0 and summary.not_started == 0:
+    if noisy and noisy_passes > 0 and remaining_s > 0 and summary.not_started == 0 and not summary.stopped_contended:
         logger.info("re-measuring %d workloads rejected as noisy", len(noisy))
         again = profile_workloads(store, noisy, profiler, remaining_s, progress, stale_after_s, prepare_chunk,
                                   retry=("rejected_noisy",), noisy_passes=noisy_passes - 1)
@@ -124,5 +136,19 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
         for status, count in again.statuses.items():   # the retried rows replace this call's rejections
             summary.statuses[status] += count
         summary.statuses["rejected_noisy"] -= again.measured
+        summary.stopped_contended = again.stopped_contended
     summary.elapsed_s = time.monotonic() - start
     return summary
+
+
+def _warn_contended(rows: Sequence[Measurement], profiler: Profiler) -> None:
+    canaries = sorted(m.canary_us for m in rows if m.canary_us)
+    reference = getattr(profiler, "canary_reference_us", None)
+    median = canaries[len(canaries) // 2] if canaries else float("nan")
+    against = f" vs the database's reference {reference:.1f} us ({100 * (median / reference - 1):+.0f}%)" \
+        if reference else ""
+    logger.warning("the last %d kernels were all rejected as contended: the canary ran at a median %.1f us%s. The "
+                   "machine is slower or busier than when this database was profiled, so measurements now would "
+                   "not be comparable with the stored ones; stopping instead of spending the budget on rejections. "
+                   "Profile again when the machine is quiet, or into a new database (--db NEW.sqlite) to start a "
+                   "fresh reference.", len(rows), median, against)

@@ -152,6 +152,7 @@ class ZooProfileSummary:
     retests: int = 0
     synthetic_specs: int = 0
     elapsed_s: float = 0.0
+    stopped_contended: bool = False
     failed_variants: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -174,7 +175,8 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
     ``load_module(variant)`` gives the variant's Relax module (default: the zoo model via hetpart.api).
     """
     start = time.monotonic()
-    left = lambda: budget_s - (time.monotonic() - start)   # noqa: E731
+    halted: list[bool] = []      # a kernel run stopped because every window was contended: time nothing more
+    left = lambda: 0.0 if halted else budget_s - (time.monotonic() - start)   # noqa: E731
     profiler = profiler or KernelProfiler("cpu")
     variants = list(variants if variants is not None else sampling.zoo_variants())
     ident = (profiler.device, profiler.target, profiler.tvm_version)
@@ -224,8 +226,9 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
         summary.kernels_measured += run.measured
         summary.kernels_skipped += run.skipped
         summary.kernels_not_started += run.not_started
+        halted += [True] if run.stopped_contended else []
 
-        summary.kernels_remeasured = remeasure_noisy(store, [c.workload for c in ordered], profiler, left)
+        summary.kernels_remeasured = remeasure_noisy(store, [c.workload for c in ordered], profiler, left, halted)
 
         # whole-model latencies of variants whose kernels are all measured (not yet timed, or timed noisily)
         measured = {m.key_hash for m in store.measurements(device=profiler.device, status=None,
@@ -289,10 +292,12 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 summary.kernels_measured += run.measured
                 summary.kernels_skipped += run.skipped
                 summary.kernels_not_started += run.not_started
+                halted += [True] if run.stopped_contended else []
                 # a spec is done when each of its kernels has a final row; noisy or unstarted ones: next run
                 models.mark_synthetic_done({spec: keys for spec, keys in keys_of_spec.items() if all(
                     store.has(k, *ident, statuses=("ok", "failed")) for k in keys)}, *ident)
         summary.elapsed_s = time.monotonic() - start
+        summary.stopped_contended = bool(halted)
         models.record_run(profiler.session_id, profiler.device, budget_s, summary.elapsed_s,
                           dataclasses.asdict(summary))
     return summary
@@ -325,9 +330,10 @@ def repair_features(store: ProfileStore, kernels: ModelKernels, stored: dict[str
 
 
 def remeasure_noisy(store: ProfileStore, workloads: Sequence[KernelWorkload], profiler: KernelProfiler,
-                    left: Callable[[], float]) -> int:
+                    left: Callable[[], float], halted: list[bool] | None = None) -> int:
     """Measure again the workloads stored as ``rejected_noisy`` (their rows are replaced); returns how many
-    became ``ok``. Run when the machine may be quieter than at the first attempt."""
+    became ``ok``. Run when the machine may be quieter than at the first attempt. Appends to ``halted`` when the
+    run stopped because every window was contended."""
     noisy = {m.key_hash for m in store.measurements(device=profiler.device, status="rejected_noisy",
                                                     target=profiler.target, tvm_version=profiler.tvm_version)}
     todo = [w for w in workloads if w.key_hash in noisy]
@@ -335,6 +341,8 @@ def remeasure_noisy(store: ProfileStore, workloads: Sequence[KernelWorkload], pr
         return 0
     run = profile_workloads(store, todo, profiler, left(), retry=("rejected_noisy",), noisy_passes=0)
     logger.info("re-measured %d noisy kernels: %s", run.measured, run.statuses)
+    if run.stopped_contended and halted is not None:
+        halted.append(True)
     return run.statuses.get("ok", 0)
 
 

@@ -272,6 +272,29 @@ def test_rows_judged_contended_at_the_end_are_measured_again(tmp_path):
                                                                             "failed": 0}
 
 
+def test_a_run_whose_every_window_is_contended_stops_with_a_warning(tmp_path, caplog):
+    class SlowMachine(RecordingProfiler):
+        canary_reference_us = 72.0
+
+        def measure(self, w):         # the machine runs 17% slower than the database's reference, all session
+            self.measured.append(w.key_hash)
+            return replace(self.measure_ok(w, 20.0), canary_us=84.0, status="rejected_noisy",
+                           error="contended: canary 84.0/84.0 us around the kernel vs reference 72.0 us")
+
+    workloads = make_workloads(30)
+    profiler = SlowMachine("s1")
+    with ProfileStore(tmp_path / "p.sqlite") as store, caplog.at_level("WARNING"):
+        summary = profile_workloads(store, workloads, profiler, budget_s=600, stop_after_contended=5)
+    assert summary.stopped_contended and summary.measured == 5 and summary.not_started == 25
+    assert len(profiler.measured) == 5                       # no retry pass on a machine that stays contended
+    assert "84.0 us vs the database's reference 72.0 us (+17%)" in caplog.text and "--db NEW" in caplog.text
+    quiet = RecordingProfiler("s2")                          # a quiet machine later: the run goes on as usual
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        later = profile_workloads(store, workloads, quiet, budget_s=600, stop_after_contended=5,
+                                  retry=("rejected_noisy",))
+    assert not later.stopped_contended and later.statuses["ok"] == 30
+
+
 CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {test_dir!r})
