@@ -63,7 +63,7 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
                     stored[w.key_hash] = new
                     counts["kernels_lowered"] += 1
             if record.model_median_us is not None and left() > 0:
-                median, spread, canary = measure_model(mod, profiler, getattr(profiler, "windows", 3))
+                median, spread, canary, _ = measure_model(mod, profiler, getattr(profiler, "windows", 3))
                 counts["models"] += 1
                 if median < record.model_median_us:
                     models.set_model_latency(variant.name, *ident, median, spread, canary, profiler.session_id)

@@ -110,11 +110,12 @@ def model_inputs(mod: Any, dev: Any, seed: int = 0) -> list[Any]:
     return args
 
 
-def measure_model(mod: Any, profiler: KernelProfiler, windows: int = 3) -> tuple[float, float, float]:
-    """(median µs, spread, canary µs) of the whole model compiled with the deployment pipeline.
+def measure_model(mod: Any, profiler: KernelProfiler, windows: int = 3) -> tuple[float, float, float, bool]:
+    """(median µs, spread, canary µs, clean) of the whole model compiled with the deployment pipeline.
 
-    Timed like a kernel: between two canaries, in ``windows`` separate windows; the window with the lowest
-    median is kept (see :class:`BestWindowProfiler`); its canary is the mean of the two around it.
+    Timed like a kernel: between two canaries, in ``windows`` separate windows; of the windows whose canaries
+    stayed within the profiler's contention tolerance, the one with the lowest median is kept (its canary is the
+    mean of the two around it). ``clean`` is False when every window was contended; the lowest is returned then.
     """
     import tvm
     from tvm import relax
@@ -126,13 +127,16 @@ def measure_model(mod: Any, profiler: KernelProfiler, windows: int = 3) -> tuple
     vm.save_function("main", "timed_main", *args)
     compiled = CompiledKernel(workload=None, vm=vm, dev=profiler.dev, args=args,
                               compile_s=time.perf_counter() - start)
-    results = []
+    results, clean = [], []
     for _ in range(max(1, windows)):
         before = profiler.canary_us()
         best = min(profiler.time_kernel(compiled), key=lambda s: s.spread)
         after = profiler.canary_us()
         results.append((best.median_us, best.spread, 0.5 * (before + after)))
-    return min(results)
+        limit = (1 + profiler.protocol.contention_tolerance) * profiler.canary_reference_us
+        if max(before, after) <= limit:
+            clean.append(results[-1])
+    return (*min(clean), True) if clean else (*min(results), False)
 
 
 # ---------------------------------------------------------------------------------------------- campaign
@@ -242,10 +246,14 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
             if left() <= 0 or record.name not in by_name:
                 continue
             try:
-                median, spread, canary = measure_model(load_module(by_name[record.name]), profiler,
-                                                       getattr(profiler, "windows", 3))
+                median, spread, canary, clean = measure_model(load_module(by_name[record.name]), profiler,
+                                                              getattr(profiler, "windows", 3))
             except (HetpartError, RuntimeError) as exc:   # TVM build/run failures are RuntimeErrors
                 logger.warning("whole-model timing of %s failed: %s", record.name, exc)
+                continue
+            if not clean:          # not stored: the next run times it again
+                logger.warning("whole-model timing of %s: every window was contended (canary %.1f us); not stored",
+                               record.name, canary)
                 continue
             if record.model_median_us is not None and spread >= (record.model_spread or 0.0):
                 continue      # the earlier (noisy) timing was still the better one

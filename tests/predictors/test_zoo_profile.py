@@ -473,3 +473,35 @@ def SyntheticSpec_add():
     from predictors.sampling import SyntheticSpec
 
     return SyntheticSpec.of("add_relu", n=1, c=4, hw=8)
+
+
+@pytest.mark.tvm
+@pytest.mark.parametrize("canaries, expected_median, expected_clean", [
+    ([72, 73, 95, 96, 72, 74], 40.0, True),      # windows 1 and 3 clean: the lower of their medians
+    ([95, 96, 90, 99, 92, 93], 30.0, False),     # every window contended: the lowest, flagged
+])
+def test_whole_model_timing_prefers_clean_windows(canaries, expected_median, expected_clean):
+    from predictors import sampling
+    from predictors.profiler import KernelProfiler, TimingStats
+    from predictors.zoo_profile import measure_model
+
+    class ScriptedProfiler(KernelProfiler):
+        """Canaries and model medians follow a script: window 2 (median 30 us) is always contended."""
+        def __init__(self):
+            super().__init__("cpu")
+            self.canary_script, self.medians = list(canaries), [50.0, 30.0, 40.0]
+
+        def canary_us(self):
+            return float(self.canary_script.pop(0))
+
+        @property
+        def canary_reference_us(self):
+            return 72.0
+
+        def time_kernel(self, kernel):
+            m = self.medians.pop(0)
+            return [TimingStats((m - 0.1, m, m + 0.1), 1)]
+
+    median, spread, canary, clean = measure_model(tiny_cnn(sampling.ModelVariant("tiny", 1, 8, "tiny", 0)),
+                                                  ScriptedProfiler(), windows=3)
+    assert (median, clean) == (expected_median, expected_clean) and spread < 0.01
