@@ -100,7 +100,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
     if composed:
         lines += ["", "## Model-level floor (perfect kernel predictions)", "",
                   "Each held-out model's *measured* kernel latencies plus in-model terms (per-kernel overhead, cold "
-                  "weights) fitted on the other models, against its measured latency: no kernel predictor can beat "
+                  "weights, activations spilled past the cores' L2) fitted on the other models, against its measured latency: no kernel predictor can beat "
                   "this on the same split.", ""]
         for split, v in composed.items():
             worst = max(v["signed_error_per_model"].items(), key=lambda kv: abs(kv[1]))
@@ -111,8 +111,10 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
               "session. A session is *quiet* when its median canary is within 5% of the reference; contended "
               "sessions are listed but kept out of the floors (a label is the lowest median over sessions). "
               "`retest_*`: quiet re-measurements against the stored label -- how often the protocol itself "
-              "lands within ±10% of a label, which bounds any predictor's ±10% accuracy. `between_sessions`: "
-              "kernels re-measured in two or more quiet sessions, each against the others' median.", ""]
+              "lands within ±10% of a label, which bounds any predictor's ±10% accuracy. A `--refine` pass that lowered "
+              "a label made its own re-measurement the label, so `retest_*` is optimistic where the database was "
+              "refined in one sitting. `between_sessions`: kernels re-measured in two or more quiet sessions, each "
+              "against the others' median (the stricter floor).", ""]
     for session, v in sorted(floor.get("sessions", {}).items(), key=lambda kv: -kv[1]["n"]):
         state = "quiet" if v["quiet"] else "contended, not used"
         lines.append(f"- session {session}: {v['n']} kernels, canary {v['canary_vs_reference']:.3f}x the reference "

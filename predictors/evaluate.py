@@ -4,7 +4,7 @@ A dataset maps a model name to :class:`ModelRecord` (or a tuple ``(kernel nodes,
 measured whole-model latency µs, family)``). For each split (leave-one-model-out, leave-one-family-out) every
 method is fitted on the kernels and whole-model latencies of the training models only, then predicts the
 held-out models' kernels and whole-model latency (sum of kernel predictions + the fitted in-model terms of
-:mod:`predictors.context`: per-kernel overhead and cold weights). The
+:mod:`predictors.context`: per-kernel overhead, cold weights, spilled activations). The
 methods are the polynomial :class:`~predictors.device_predictor.DevicePredictor` and the baselines of
 :mod:`predictors.baselines`, all on the same split. The report states plainly where the polynomial loses.
 
