@@ -29,7 +29,7 @@ whole-model measurements (:func:`fit_context_terms`), turn isolated predictions 
   shared L3; inside a model that streams more activations than the L3 holds, its output buffer and part of
   its input come from DRAM. Whole-model error with the *measured* kernel labels (leave-one-model-out over the
   23 zoo variants, ``model_level_floor``) fell from 6.8 % (worst 19.9 %, MobileNetV2 at batch 4) with the first
-  two terms to 5.5 % (worst 14.8 %) with this one; thresholds of 1-8 MiB all gave 5.3-6.2 %, so the L2 size
+  two terms to 5.5 % (worst 14.7 %) with this one; thresholds of 1-8 MiB all gave 5.3-6.2 %, so the L2 size
   read from the machine is used rather than a tuned constant.
 
 All are fitted by non-negative least squares on relative error, so they never turn a latency negative.
@@ -153,8 +153,7 @@ def fit_context_terms(predictor: Any, models: Iterable[tuple[Sequence[OpNode], f
     """
     cache = int(cache_bytes if cache_bytes is not None else last_level_cache_bytes())
     core = int(core_cache if core_cache is not None else core_cache_bytes())
-    cold_probe = ContextTerms(0.0, 1.0, cache, 0.0, core)
-    spill_probe = ContextTerms(0.0, 0.0, cache, 1.0, core)
+    geometry = ContextTerms(cache_bytes=cache, core_cache_bytes=core)
     rows, rhs = [], []
     for nodes, measured_us in models:
         nodes = list(nodes)
@@ -162,8 +161,8 @@ def fit_context_terms(predictor: Any, models: Iterable[tuple[Sequence[OpNode], f
             raise PredictorError(f"each model needs >= 1 kernel and a measured latency > 0; found "
                                  f"{len(nodes)} kernels, {measured_us} µs")
         predicted = float(np.sum(predictor.predict(nodes)))
-        cold_mb = float(np.sum(cold_probe.extra_us(nodes)))
-        spilled_mb = float(np.sum(spill_probe.extra_us(nodes)))
+        cold_mb = sum(geometry.cold_param_bytes(n) for n in nodes) / 1e6
+        spilled_mb = sum(geometry.spilled_activation_bytes(n) for n in nodes) / 1e6
         rows.append([len(nodes) / measured_us, cold_mb / measured_us, spilled_mb / measured_us])
         rhs.append((measured_us - predicted) / measured_us)
     if not rows:

@@ -113,7 +113,10 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
             accepted.append((w, m))
         if progress is not None:
             progress(done, len(items), w.name, m.status)
-        contended_run = contended_run + [m] if m.error.startswith("contended") else []
+        if m.error.startswith("contended"):
+            contended_run.append(m)
+        else:
+            contended_run.clear()
         if stop_after_contended and len(contended_run) >= stop_after_contended:
             _warn_contended(contended_run, profiler)
             summary.stopped_contended = True

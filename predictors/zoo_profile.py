@@ -34,7 +34,7 @@ from predictors.kernel_mapping import ALIGNMENT_VERSION, ModelKernels, map_kerne
 from predictors.model_db import ModelDatabase
 from predictors.profiler import CompiledKernel, KernelProfiler
 from predictors.workloads import KernelWorkload
-from predictors.profiling_run import profile_workloads
+from predictors.profiling_run import ProfileRunSummary, profile_workloads
 from predictors.store import ProfileStore, feature_identity
 from tvm_passes.extract import EXTRACTOR_VERSION
 from tvm_passes.schedules import RULES_VERSION
@@ -179,12 +179,12 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
     ``load_module(variant)`` gives the variant's Relax module (default: the zoo model via hetpart.api).
     """
     start = time.monotonic()
-    halted: list[bool] = []      # a kernel run stopped because every window was contended: time nothing more
-    left = lambda: 0.0 if halted else budget_s - (time.monotonic() - start)   # noqa: E731
     profiler = profiler or KernelProfiler("cpu")
     variants = list(variants if variants is not None else sampling.zoo_variants())
     ident = (profiler.device, profiler.target, profiler.tvm_version)
     summary = ZooProfileSummary(variants=len(variants))
+    # once a kernel run stopped because every window was contended, nothing more is timed
+    left = lambda: 0.0 if summary.stopped_contended else budget_s - (time.monotonic() - start)   # noqa: E731
 
     def on_kernel(done: int, total: int, name: str, status: str) -> None:
         if progress is not None:
@@ -230,9 +230,11 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
         summary.kernels_measured += run.measured
         summary.kernels_skipped += run.skipped
         summary.kernels_not_started += run.not_started
-        halted += [True] if run.stopped_contended else []
+        summary.stopped_contended = run.stopped_contended
 
-        summary.kernels_remeasured = remeasure_noisy(store, [c.workload for c in ordered], profiler, left, halted)
+        remeasured = remeasure_noisy(store, [c.workload for c in ordered], profiler, left)
+        summary.kernels_remeasured = remeasured.statuses.get("ok", 0) if remeasured else 0
+        summary.stopped_contended |= bool(remeasured and remeasured.stopped_contended)
 
         # whole-model latencies of variants whose kernels are all measured (not yet timed, or timed noisily)
         measured = {m.key_hash for m in store.measurements(device=profiler.device, status=None,
@@ -300,12 +302,11 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 summary.kernels_measured += run.measured
                 summary.kernels_skipped += run.skipped
                 summary.kernels_not_started += run.not_started
-                halted += [True] if run.stopped_contended else []
+                summary.stopped_contended |= run.stopped_contended
                 # a spec is done when each of its kernels has a final row; noisy or unstarted ones: next run
                 models.mark_synthetic_done({spec: keys for spec, keys in keys_of_spec.items() if all(
                     store.has(k, *ident, statuses=("ok", "failed")) for k in keys)}, *ident)
         summary.elapsed_s = time.monotonic() - start
-        summary.stopped_contended = bool(halted)
         models.record_run(profiler.session_id, profiler.device, budget_s, summary.elapsed_s,
                           dataclasses.asdict(summary))
     return summary
@@ -338,20 +339,17 @@ def repair_features(store: ProfileStore, kernels: ModelKernels, stored: dict[str
 
 
 def remeasure_noisy(store: ProfileStore, workloads: Sequence[KernelWorkload], profiler: KernelProfiler,
-                    left: Callable[[], float], halted: list[bool] | None = None) -> int:
-    """Measure again the workloads stored as ``rejected_noisy`` (their rows are replaced); returns how many
-    became ``ok``. Run when the machine may be quieter than at the first attempt. Appends to ``halted`` when the
-    run stopped because every window was contended."""
+                    left: Callable[[], float]) -> ProfileRunSummary | None:
+    """Measure again the workloads stored as ``rejected_noisy`` (their rows are replaced); the run's summary, or
+    None when there was nothing to do. Run when the machine may be quieter than at the first attempt."""
     noisy = {m.key_hash for m in store.measurements(device=profiler.device, status="rejected_noisy",
                                                     target=profiler.target, tvm_version=profiler.tvm_version)}
     todo = [w for w in workloads if w.key_hash in noisy]
     if not todo or left() <= 0:
-        return 0
+        return None
     run = profile_workloads(store, todo, profiler, left(), retry=("rejected_noisy",), noisy_passes=0)
     logger.info("re-measured %d noisy kernels: %s", run.measured, run.statuses)
-    if run.stopped_contended and halted is not None:
-        halted.append(True)
-    return run.statuses.get("ok", 0)
+    return run
 
 
 def _done_marker(spec: sampling.SyntheticSpec) -> str:
