@@ -79,6 +79,8 @@ def _pick_target(rows: Sequence[Measurement], device: str) -> tuple[str, str]:
 
 def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData:
     """Read kernels, model variants and retests of ``device`` (see the module docstring)."""
+    from predictors.zoo_profile import current_synthetic_keys     # imported here: it loads TVM
+
     with ProfileStore(db_path) as store:
         all_rows = store.measurements(device=device, status=None)
     target, version = _pick_target(all_rows, device)
@@ -92,6 +94,7 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
         variants = models.variants(device, target, version)
         retests = [(r.key_hash, r.median_us, r.canary_us, r.session_id)
                    for r in models.retests(device, target, version)]
+        current_synthetic = current_synthetic_keys(models, device, target, version)
     # rows of any status: a newer kernel for the operator retires the old one even before it is measured ok
     superseded = superseded_keys(rows, keep={k for v in variants for k in v.node_keys})
     if superseded:
@@ -126,22 +129,18 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
             labels = tuple(kernels[k][1] for _, k in keyed)
             total = normalise_latency(v.model_median_us, v.canary_us, reference)
             records[v.name] = ev.ModelRecord(nodes, labels, total, v.family)
-    orphans = _orphan_keys(db_path, kernels, {k for v in variants for k in v.node_keys}, (device, target, version))
+    orphans = _orphan_keys(kernels, {k for v in variants for k in v.node_keys}, current_synthetic)
     for key in orphans:
         del kernels[key]
     return TrainingData(device, target, version, reference, kernels, raw, excluded, records, model_keys, why_not,
                         retests, len(orphans))
 
 
-def _orphan_keys(db_path: str | Path, kernels: Mapping[str, Any], zoo_keys: set[str], ident: tuple) -> set[str]:
+def _orphan_keys(kernels: Mapping[str, Any], zoo_keys: set[str], current: set[str] | None) -> set[str]:
     """Synthetic rows that no current synthetic spec makes: the sampling moved on (its seeds are the zoo's
     kernels, which change with the compiler) and such rows describe kernels nothing asks about any more -- some
     built by older CPU rules (27-wide 1x1 convs at 5-7x their neighbours' time). Kept only when no current spec
-    recorded its keys yet (a database not profiled since)."""
-    from predictors.zoo_profile import current_synthetic_keys
-
-    with ModelDatabase(db_path) as models:
-        current = current_synthetic_keys(models, *ident)
+    recorded its keys yet (a database not profiled since; ``current`` is None)."""
     if current is None:
         return set()
     orphans = {k for k in kernels if k not in zoo_keys and k not in current}
