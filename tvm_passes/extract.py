@@ -270,8 +270,10 @@ def fused_kernel_groups(mod, ops: list[OpNode]) -> tuple[KernelGroup, ...]:
     import tvm
     from tvm import relax
 
+    from tvm_passes.legalize import legalize_ops
+
     call_tir = tvm.ir.Op.get("relax.call_tir")
-    legal = relax.transform.LegalizeOps()(mod)
+    legal = legalize_ops()(mod)
     id_of_name = {n.name: n.id for n in ops}
 
     @relax.expr_functor.mutator

@@ -13,8 +13,10 @@ Public API (used by tvm_passes.build and predictors.workloads / predictors.profi
 # Bump whenever a rule or layout pass change makes an unchanged operator compile to a different kernel, so
 # `hetpart profile` rebuilds stored workloads (new kernels are measured; the old rows go stale, see
 # predictors.training). 2: stride-1 1x1 convs whose rows have no divisor near the vector width are prepacked;
-# 3: matmul column tiles are 1, 2 or 4 vectors, never 3; 4: concatenations are partitioned per input (concat rule).
-RULES_VERSION = 4
+# 3: matmul column tiles are 1, 2 or 4 vectors, never 3; 4: concatenations are partitioned per input (concat rule);
+# 5: exp, tanh, sigmoid, erf (and gelu, silu, softmax) are legalized to TVM's vectorisable fast versions
+# (tvm_passes.legalize), not a scalar libm call per element.
+RULES_VERSION = 5
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights

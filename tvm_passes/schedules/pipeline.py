@@ -2,7 +2,7 @@
 
 ``cpu_pipeline(target)`` is TVM 0.27's ``relax.backend.cpu_generic`` default pipeline (library dispatch,
 LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR, dataflow lowering, finalisation) with
-three additions: ``prepack_conv_weights`` first (constant conv weights stored output-channel-innermost, see
+three additions (and hetpart's LegalizeOps, :mod:`tvm_passes.legalize`): ``prepack_conv_weights`` first (constant conv weights stored output-channel-innermost, see
 :mod:`.layout`), and after FuseTIR MetaScheduleApplyDatabase when a tuning database is given, then
 ``cpu_schedule_pass`` for every CPU PrimFunc the database did not cover.  The pieces are taken from
 ``tvm.relax.backend.cpu_generic`` rather than copied, so upstream changes to them flow through.
@@ -19,6 +19,7 @@ from tvm import relax, tirx
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 from tvm.target import Target
 
+from ..legalize import with_hetpart_legalization
 from .base import SCHEDULED_ATTR, CpuRule, apply_first_rule, vector_lanes
 from .layout import prepack_conv_weights
 
@@ -113,7 +114,7 @@ def cpu_pipeline(target: Target | str | dict, database_dir: Path | str | None = 
     passes = (
         [prepack_conv_weights(vector_lanes(target))]
         + cpu_generic.library_dispatch_passes(target)
-        + cpu_generic.legalize_passes(target)
+        + with_hetpart_legalization(cpu_generic.legalize_passes(target))
         + tuning_database_passes(database_dir, target)
         + [cpu_schedule_pass(target)]
         + cpu_generic.dataflow_lower_passes(target)
