@@ -4,7 +4,8 @@
 (bytes, FLOPs) of all kinds. A kind without enough training data is predicted, with an :class:`UnseenKindWarning`,
 by its related kind's model (:data:`RELATED_KIND`: conv2d <-> depthwise_conv2d) or else by the fallback.
 It also holds the device's in-model terms (:mod:`predictors.context`) and is saved as JSON with its provenance
-(device, target, TVM version, feature schema, training ranges), never as a pickle.
+(device, target, TVM version, feature schema, training ranges), never as a pickle. Convolutions are modelled per
+batch element (:data:`~predictors.features.PER_SAMPLE_KINDS`).
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ import numpy as np
 from hetpart.errors import ExtrapolationWarning, PredictorError, SchemaError
 from hetpart.graph import OpNode
 from predictors.context import ContextTerms, fit_context_terms, predict_in_context_us
-from predictors.features import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES, RESIDUAL_EXCLUDED,
-                                 feature_matrix, feature_vector, kernel_kind, vectors_to_matrix, workload_key)
+from predictors.features import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES, PER_SAMPLE_KINDS,
+                                 RESIDUAL_EXCLUDED, feature_matrix, feature_vector, kernel_kind, vectors_to_matrix,
+                                 workload_key)
 from predictors.polynomial import PolynomialLatencyModel
 
 logger = logging.getLogger(__name__)
@@ -93,8 +95,9 @@ class DevicePredictor:
                             kind, len(idx), self.min_samples_per_kind)
                 continue
             names = KIND_FEATURES[kind]
+            scale = _batch_scale(kind, [vectors[i] for i in idx])
             self.models[kind] = _kind_model(kind, self.degrees, self.alphas).fit(
-                vectors_to_matrix([vectors[i] for i in idx], names), y[idx])
+                vectors_to_matrix([vectors[i] for i in idx], names), y[idx] / scale)
         self.fallback = PolynomialLatencyModel(degrees=(1,), alphas=(1e-4,), feature_names=FALLBACK_FEATURES).fit(
             vectors_to_matrix(vectors, FALLBACK_FEATURES), y)
         labels: dict[str, list[float]] = {}
@@ -125,7 +128,9 @@ class DevicePredictor:
             if model is None:
                 out[idx] = self.fallback.predict(feature_matrix(sub, FALLBACK_FEATURES))
             else:
-                out[idx] = model.predict(feature_matrix(sub, KIND_FEATURES[model_kind]))
+                vectors = [feature_vector(n) for n in sub]
+                out[idx] = model.predict(vectors_to_matrix(vectors, KIND_FEATURES[model_kind])) \
+                    * _batch_scale(model_kind, vectors)
         if self.measured_us_:
             for i, node in enumerate(nodes):
                 out[i] = self.measured_us_.get(_lookup_key(node), out[i])
@@ -189,6 +194,14 @@ class DevicePredictor:
         except (OSError, json.JSONDecodeError) as exc:
             raise PredictorError(f"cannot read predictor {path}: {exc}. Fit one with `hetpart fit`.") from exc
         return cls.from_dict(data)
+
+
+def _batch_scale(kind: str, vectors: Sequence[Mapping[str, float]]) -> np.ndarray:
+    """What a kind's model predicts a fraction of: the batch for :data:`PER_SAMPLE_KINDS` (modelled per batch
+    element), else 1. Latencies are divided by it before fitting and predictions multiplied by it."""
+    if kind not in PER_SAMPLE_KINDS:
+        return np.ones(len(vectors))
+    return np.array([max(v["batch"], 1.0) for v in vectors])
 
 
 def _lookup_key(node: OpNode) -> str:

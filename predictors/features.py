@@ -21,7 +21,7 @@ import numpy as np
 
 from hetpart.graph import OpNode
 
-FEATURE_SCHEMA_VERSION = 3
+FEATURE_SCHEMA_VERSION = 4
 
 KINDS = ("conv2d", "depthwise_conv2d", "matmul", "pool", "elementwise", "reduction", "data_movement", "other")
 
@@ -45,12 +45,14 @@ _ELEMENTWISE_OPS = {"add", "subtract", "multiply", "divide", "floor_divide", "po
                     "less_equal", "greater", "greater_equal", "equal", "not_equal", "logical_and", "logical_or",
                     "logical_not", "round", "floor", "ceil", "sin", "cos", "tan", "square", "sign", "isnan",
                     "isinf", "isfinite", "bitwise_and", "bitwise_or", "hard_sigmoid", "hard_swish", "trunc"}
-# Members whose per-element cost is a polynomial/series evaluation (TVM has no vectorised libm on CPU): BERT-small's
-# GELU kernel (erf) at batch 4 took 3.7 ns per element (1.96 ms for 512x1024).
-# Softmax evaluates exp per element as well.
-_TRANSCENDENTAL_OPS = {"exp", "log", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "power", "divide", "nn.gelu",
-                       "nn.gelu_tanh", "nn.silu", "nn.softplus", "nn.selu", "sin", "cos", "tan", "hard_swish",
-                       "nn.softmax", "nn.log_softmax"}
+# Members that cost tens of times an add per element: the ones the CPU compiles to a scalar libm call per element,
+# and softmax, whose fast exp polynomial runs twice per element inside scalar row-reduction loops (212 µs for
+# 128x1024, 40x an add). exp, tanh, sigmoid, erf and the elementwise ops built on them (gelu, silu) are not here:
+# hetpart legalizes them to TVM's vectorised polynomials (tvm_passes.legalize). Measured, 128x1024 float32: add
+# 5 µs, divide 6, sqrt 7, fast exp 10, fast tanh 9, fast erf 11; libm log 184, power 386 (as libm calls exp took
+# 161, sigmoid 179, tanh 360).
+_TRANSCENDENTAL_OPS = {"log", "power", "nn.softplus", "nn.selu", "sin", "cos", "tan", "nn.softmax",
+                       "nn.log_softmax"}
 # Data-movement members that change the memory layout (strided reads/writes instead of streaming copies).
 _LAYOUT_OPS = {"permute_dims", "concat", "stack", "split", "take", "strided_slice", "dynamic_strided_slice",
                "layout_transform", "flip", "gather_elements", "gather_nd", "scatter_elements", "scatter_nd",
@@ -95,7 +97,7 @@ FEATURE_SCHEMA: dict[str, str] = {
     "k_pad8": "matmul k rounded up to a multiple of 8",
     "channel_pad_waste": "out_channels_pad16 / max(out_channels, 1) (1 = no padding waste)",
     "n_inputs": "number of input tensors of the kernel",
-    "transcendental_ops": "members that evaluate exp/log/tanh/sigmoid/erf/sqrt/divide/... per element",
+    "transcendental_ops": "members costing tens of adds per element (libm calls: log, power, sin, ...; softmax)",
     "elementwise_ops": "elementwise members (including the transcendental ones)",
     "layout_ops": "members that change the memory layout (permute_dims, concat, split, take, slices, pad, ...)",
     "transcendental_elems": "out_elems * transcendental_ops (work of the costly elementwise members)",
@@ -106,6 +108,9 @@ FEATURE_SCHEMA: dict[str, str] = {
                    "(a non-dividing tile leaves a scalar tail)",
     "channel_alignment": "largest power of two (<= 64) dividing the output channels",
     "width_alignment": "largest power of two (<= 64) dividing the output width",
+    "flops_per_sample": "flops / batch",
+    "bytes_per_sample": "activation bytes (bytes_total - param_bytes) / batch + param_bytes: the bytes of the "
+                        "same kernel at batch 1",
     "log_flops": "log(1 + flops)",
     "log_bytes_total": "log(1 + bytes_total)",
     "log_out_elems": "log(1 + out_elems)",
@@ -115,8 +120,8 @@ FEATURE_SCHEMA: dict[str, str] = {
 # Raw (positive) features each per-kind polynomial model uses; the model takes log(1 + x) itself. The first
 # feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
 KIND_FEATURES: dict[str, tuple[str, ...]] = {
-    "conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "reduction_size", "stride",
-               "kernel_area"),
+    "conv2d": ("flops_per_sample", "bytes_per_sample", "out_spatial", "out_channels_pad8", "reduction_size",
+               "stride", "kernel_area"),
     "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
     "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems"),
     "pool": ("bytes_total", "out_elems", "kernel_area", "stride"),
@@ -125,11 +130,19 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
     "data_movement": ("bytes_total", "out_elems", "layout_ops", "n_inputs"),
     "other": ("flops", "bytes_total", "out_elems"),
 }
+# Kinds modelled per batch element (device_predictor.py divides their latencies by the batch before fitting and
+# multiplies predictions by it; their features are those of the same kernel at batch 1). A convolution's schedule
+# tiles channels and columns and runs the batch as more parallel work, so its latency is close to linear in the
+# batch: ResNet-18's 3x3 convs measured 3.6-3.9x from batch 1 to 4. A polynomial in (FLOPs, bytes, ...) instead
+# had to learn the batch from the few batch-4 models, and predicted held-out batch-4 convs up to 48% low.
+# Measured on leave-one-model-out (profiles_session4b): kernels >= 100 µs MAPE 11.1% -> 10.0%, within ±10% 60.6%
+# -> 66.4%, model MAPE 7.8% -> 7.4%. Depthwise convs (memory-bound, batch 4 in one model only) got worse per
+# sample (+140% on MobileNetV2 b4) and keep whole-kernel features.
+PER_SAMPLE_KINDS = frozenset({"conv2d"})
 # Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a
-# convolution's FLOPs and bytes but not its schedule (tiles over channels and columns), so a kernel's residual
-# carries over across batch sizes. Measured on leave-one-model-out: ge-100-µs MAPE 14.5% -> 12.3%.
-RESIDUAL_EXCLUDED: dict[str, tuple[str, ...]] = {"conv2d": ("flops", "bytes_total"),
-                                                  "depthwise_conv2d": ("flops", "bytes_total")}
+# depthwise convolution's FLOPs and bytes but not its schedule (tiles over channels and columns), so a kernel's
+# residual carries over across batch sizes. (Per-sample kinds get this from their batch-1 features.)
+RESIDUAL_EXCLUDED: dict[str, tuple[str, ...]] = {"depthwise_conv2d": ("flops", "bytes_total")}
 # The per-device fallback model for kinds without a fitted model uses only these, as a power law (degree 1:
 # a degree-2 fallback was tried and mispredicted unseen kinds by up to 4x on synthetic leave-one-family-out).
 FALLBACK_FEATURES: tuple[str, ...] = ("bytes_total", "flops")
@@ -296,6 +309,9 @@ def feature_vector(node: OpNode) -> dict[str, float]:
              n_alignment=_pow2_divisor(f["n"]), channel_alignment=_pow2_divisor(f["out_channels"]),
              width_alignment=_pow2_divisor(f["out_width"]))
     f["channel_pad_waste"] = f["out_channels_pad16"] / max(f["out_channels"], 1.0) if f["out_channels"] else 1.0
+    batch = max(f["batch"], 1.0)
+    f.update(flops_per_sample=f["flops"] / batch,
+             bytes_per_sample=(bytes_total - f["param_bytes"]) / batch + f["param_bytes"])
     f.update(log_flops=math.log1p(f["flops"]), log_bytes_total=math.log1p(bytes_total),
              log_out_elems=math.log1p(out_elems), log_arithmetic_intensity=math.log1p(f["arithmetic_intensity"]))
     assert set(f) == set(FEATURE_SCHEMA), sorted(set(f) ^ set(FEATURE_SCHEMA))

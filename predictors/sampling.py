@@ -170,6 +170,21 @@ def _near(value: int, factors: Sequence[float], minimum: int = 1) -> list[int]:
     return sorted({max(minimum, int(round(value * f))) for f in factors} - {value})
 
 
+# Members that seed "gates" variations: activation / math functions, whatever they cost on the current compiler.
+# Deliberately not the predictor's costly-op feature: the specs (and the seeded subsample of them) must not change
+# when a compiler change makes some of these cheap, or stored synthetic measurements stop being used.
+_GATE_SEED_OPS = frozenset({"exp", "log", "tanh", "sigmoid", "erf", "sqrt", "rsqrt", "power", "divide", "nn.gelu",
+                            "nn.gelu_tanh", "nn.silu", "nn.softplus", "nn.selu", "sin", "cos", "tan", "hard_swish",
+                            "nn.softmax", "nn.log_softmax"})
+
+
+def gate_op_count(node: OpNode) -> int:
+    """Members of ``node`` that seed "gates" variations (:data:`_GATE_SEED_OPS`)."""
+    from predictors.features import member_ops
+
+    return sum(m in _GATE_SEED_OPS for m in member_ops(node))
+
+
 def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 600, seed: int = 0) -> list[SyntheticSpec]:
     """Variations around the zoo's conv / matmul / pool kernels, one parameter changed at a time.
 
@@ -219,10 +234,9 @@ def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 600, seed: int
             for c in _near(base["c"], (0.5, 1.5)):
                 add("max_pool2d", **{**base, "c": c})
             add("max_pool2d", **{**base, "hw": max(4, base["hw"] // 2)})
-        elif kind == "elementwise" and f["transcendental_ops"] >= 1 and node.output_shapes:
+        elif kind == "elementwise" and gate_op_count(node) >= 1 and node.output_shapes:
             out = node.output_shapes[0]
-            base = dict(m=max(1, int(np.prod(out[:-1]))), n=int(out[-1]) if out else 1,
-                        t=int(f["transcendental_ops"]))
+            base = dict(m=max(1, int(np.prod(out[:-1]))), n=int(out[-1]) if out else 1, t=gate_op_count(node))
             for m in _near(base["m"], (0.25, 0.5, 2.0, 4.0)):
                 add("gates", **{**base, "m": m})
             for cols in _near(base["n"], (0.5, 1.5)):

@@ -29,6 +29,11 @@ def test_cold_bytes_rules():
     assert terms.cold_param_bytes(big) == 0.0                      # larger than the cache: cold in isolation too
     assert terms.cold_param_bytes(_rnn_step(small)) == 0.0         # re-read every step: warm
     np.testing.assert_allclose(terms.extra_us([small, big]), [10.0 * small.param_bytes / 1e6, 0.0])
+    # an embedding lookup reads the 128 rows it outputs (128 KB), not its 31 MB table
+    lookup = OpNode(id=2, name="embed", op="relax.take", input_shapes=((30522, 256), (1, 128)),
+                    input_dtypes=("float32", "int64"), output_shapes=((1, 128, 256),), output_dtypes=("float32",),
+                    bytes_read=30522 * 256 * 4 + 128 * 8, bytes_written=128 * 256 * 4, param_bytes=30522 * 256 * 4)
+    assert ContextTerms(0.0, 10.0).cold_param_bytes(lookup) == 128 * 256 * 4
 
 
 def test_spilled_activation_rules():

@@ -36,7 +36,7 @@ def test_device_predictor_round_trips_json_exactly(fitted_predictor, tmp_path):
     prov = loaded.provenance()
     assert prov["device"] == "cpu" and prov["feature_schema_version"] == FEATURE_SCHEMA_VERSION
     assert prov["n_samples"] == 600 and prov["fit_date"] and prov["tvm_version"]
-    lo, hi = prov["training_ranges"]["conv2d"]["flops"]
+    lo, hi = prov["training_ranges"]["conv2d"]["flops_per_sample"]
     assert 0 < lo < hi
 
 
@@ -140,6 +140,15 @@ def test_a_depthwise_kernel_without_its_own_model_uses_the_conv2d_model(fitted_p
         warnings.simplefilter("ignore")
         expected = predictor.models["conv2d"].predict(feature_matrix([node], KIND_FEATURES["conv2d"]))[0]
     assert value == expected
+
+
+def test_convolutions_are_modelled_per_batch_element(fitted_predictor):
+    predictor, _ = fitted_predictor
+    single, quad = conv_node(0, 1, 64, 128, 28, 3), conv_node(1, 4, 64, 128, 28, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        one, four = predictor.predict([single, quad])
+    assert four == pytest.approx(4 * one, rel=1e-12)
 
 
 def test_shipped_cpu_predictor_loads_with_this_feature_schema():

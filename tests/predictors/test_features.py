@@ -85,7 +85,10 @@ def test_schedule_alignment_and_member_composition_features():
     gelu = _node("fused:reshape+divide+erf+add+multiply+multiply+reshape", in_shapes=((512, 1024),),
                  out_shapes=((512, 1024),))
     f = feature_vector(gelu)
-    assert (f["transcendental_ops"], f["elementwise_ops"], f["layout_ops"]) == (2, 5, 0)
-    assert f["transcendental_elems"] == 2 * 512 * 1024 and f["n_inputs"] == 1
+    # neither divide nor erf is costly: hetpart compiles erf to TVM's vectorised fast_erf (tvm_passes.legalize)
+    assert (f["transcendental_ops"], f["elementwise_ops"], f["layout_ops"]) == (0, 5, 0)
+    assert f["transcendental_elems"] == 0 and f["n_inputs"] == 1
+    log_chain = feature_vector(_node("fused:log+multiply", in_shapes=((64, 100),), out_shapes=((64, 100),)))
+    assert log_chain["transcendental_ops"] == 1 and log_chain["transcendental_elems"] == 6400
     cell = _node("fused:split+sigmoid+tanh+multiply+stack", in_shapes=((1, 2600), (1, 650)), out_shapes=((1, 650),))
     assert kernel_kind(cell) == "elementwise" and feature_vector(cell)["layout_ops"] == 2

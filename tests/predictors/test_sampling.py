@@ -6,7 +6,7 @@ import pytest
 
 from hetpart.errors import PredictorError
 from predictors import sampling
-from predictors.features import feature_vector, kernel_kind
+from predictors.features import kernel_kind
 from predictors.sampling import Candidate, SyntheticSpec
 from tests.predictors.synthetic_kernels import conv_node, elementwise_node, matmul_node, pool_node
 
@@ -113,5 +113,5 @@ def test_synthetic_modules_extract_to_one_kernel_of_the_intended_kind(spec, kind
     assert tuple(node.output_shapes[0]) == shape
     assert node.param_bytes > 0 or spec.op in ("max_pool2d", "gates")    # weights are constants, like the zoo
     if spec.op == "gates":                                     # one fused kernel: 3 gates of the same input
-        assert feature_vector(node)["transcendental_ops"] == 3
+        assert sampling.gate_op_count(node) == 3
     assert np.isfinite(node.flops)
