@@ -2,7 +2,8 @@
 
 ``cpu_pipeline(target)`` is TVM 0.27's ``relax.backend.cpu_generic`` default pipeline (library dispatch,
 LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR, dataflow lowering, finalisation) with
-three additions (and hetpart's LegalizeOps, :mod:`tvm_passes.legalize`): ``prepack_conv_weights`` first (constant conv weights stored output-channel-innermost, see
+hetpart's LegalizeOps (:mod:`tvm_passes.legalize`: vectorisable exp/tanh/sigmoid/erf) in place of TVM's and
+three additions: ``prepack_conv_weights`` first (constant conv weights stored output-channel-innermost, see
 :mod:`.layout`), and after FuseTIR MetaScheduleApplyDatabase when a tuning database is given, then
 ``cpu_schedule_pass`` for every CPU PrimFunc the database did not cover.  The pieces are taken from
 ``tvm.relax.backend.cpu_generic`` rather than copied, so upstream changes to them flow through.

@@ -259,6 +259,19 @@ def test_concat_rule_partitions_the_axis_and_matches_numpy(target, shapes, axis)
     np.testing.assert_allclose(_run(mod, target, xs), ref, rtol=TOL, atol=TOL)
 
 
+def test_concat_chunk_runs_are_whole_vectors_or_long():
+    from tvm_passes.schedules.concat import MIN_RUN_ELEMENTS, VECTOR_ELEMENTS, _chunks
+
+    assert _chunks(14 * 14, 1, 2) == 1            # 196: runs of 49 or 98 (49-element runs were 8x slower)
+    assert _chunks(28 * 28, 1, 2) == 4            # 784: runs of 196
+    assert _chunks(56 * 56, 1, 2) == 4            # 3136 = 4 x 49 vectors
+    assert _chunks(64 * 64, 4, 2) == 1            # enough parallel work in the leading axes already
+    for inner in range(16, 5000, 7):
+        chunks = _chunks(inner, 1, 2)
+        run = inner // chunks
+        assert inner % chunks == 0 and (chunks == 1 or run % VECTOR_ELEMENTS == 0 or run >= MIN_RUN_ELEMENTS)
+
+
 def test_concat_rule_leaves_other_injective_kernels_alone(target):
     from tvm_passes.schedules.concat import Concat
 
