@@ -36,6 +36,16 @@ def test_cold_bytes_rules():
     assert ContextTerms(0.0, 10.0).cold_param_bytes(lookup) == 128 * 256 * 4
 
 
+def test_weights_of_a_model_that_fits_in_half_the_cache_stay_warm():
+    terms = ContextTerms(0.0, 10.0, cache_bytes=10_000_000)
+    two = [matmul_node(0, 1, 512, 1000), matmul_node(1, 1, 1000, 512)]            # 4.1 MB <= 5 MB: warm
+    np.testing.assert_array_equal(terms.cold_param_bytes_in_model(two), [0.0, 0.0])
+    assert terms.extra_us(two).sum() == 0.0
+    three = two + [matmul_node(2, 1, 512, 1000)]                                    # 6.15 MB > 5 MB: all cold
+    np.testing.assert_array_equal(terms.cold_param_bytes_in_model(three), [n.param_bytes for n in three])
+    assert terms.extra_us(three).sum() == pytest.approx(10.0 * sum(n.param_bytes for n in three) / 1e6)
+
+
 def test_spilled_activation_rules():
     terms = ContextTerms(0.0, 0.0, cache_bytes=32 * 2 ** 20, spilled_activation_us_per_mb=30.0,
                          core_cache_bytes=2 * 2 ** 20)
@@ -53,9 +63,11 @@ def test_spilled_activation_rules():
 def test_fit_recovers_known_terms(predictor):
     pred, nodes = predictor
     pred = DevicePredictor.from_dict(pred.to_dict())
-    cache, core = 32 * 2 ** 20, 2 ** 20
+    cache, core = 8 * 2 ** 20, 2 ** 20
     graphs = [chain_graph(nodes[i:i + 30], name=f"m{i}") for i in range(0, 300, 30)]
     truth = ContextTerms(4.0, 25.0, cache, 12.0, core)
+    warm = [g for g in graphs if not truth.cold_param_bytes_in_model(g.nodes).any()]
+    assert 0 < len(warm) < len(graphs) - 3        # models whose weights stay warm, and enough that are cold
     assert sum(truth.spilled_activation_bytes(n) > 0 for n in nodes[:300]) >= 10     # the term is exercised
     measured = [(g.nodes, float(pred.predict(g.nodes).sum() + truth.extra_us(g.nodes).sum())) for g in graphs]
     fitted = fit_context_terms(pred, measured, cache_bytes=cache, core_cache=core)
