@@ -142,7 +142,8 @@ class ContextTerms:
         return float(max(0, activation - self.core_cache_bytes))
 
     def extra_us(self, nodes: Sequence[OpNode]) -> np.ndarray:
-        """In-model latency minus isolated latency of each node (µs)."""
+        """In-model latency minus isolated latency of each node (µs). ``nodes`` are all the kernels of one model
+        run: whether its weights stay warm depends on their total (:meth:`cold_param_bytes_in_model`)."""
         cold_mb = self.cold_param_bytes_in_model(nodes) / 1e6
         spilled_mb = np.array([self.spilled_activation_bytes(n) for n in nodes], dtype=np.float64) / 1e6
         return (self.per_kernel_overhead_us + self.cold_param_us_per_mb * cold_mb
@@ -192,7 +193,8 @@ def fit_context_terms(predictor: Any, models: Iterable[tuple[Sequence[OpNode], f
 
 
 def predict_in_context_us(nodes: Sequence[OpNode], predictor: Any) -> np.ndarray:
-    """Per-kernel latency inside a model: isolated prediction + the predictor's context terms (if any)."""
+    """Per-kernel latency inside a model: isolated prediction + the predictor's context terms (if any).
+    ``nodes`` are all the kernels of one model run (see :meth:`ContextTerms.extra_us`)."""
     isolated = np.asarray(predictor.predict(list(nodes)), dtype=np.float64)
     terms = getattr(predictor, "context", None)
     return isolated if terms is None else isolated + terms.extra_us(list(nodes))
