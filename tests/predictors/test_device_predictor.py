@@ -151,6 +151,20 @@ def test_convolutions_are_modelled_per_batch_element(fitted_predictor):
     assert four == pytest.approx(4 * one, rel=1e-12)
 
 
+def test_a_convolution_measured_at_one_batch_predicts_its_twin_at_another():
+    """Per-sample features make batch 1 and batch 4 of one convolution twins: batch 4 is 4x the measured batch 1."""
+    rng = np.random.default_rng(3)
+    nodes = random_kernels(rng, 300, ("conv2d",))
+    latencies = synthetic_latency_us(nodes, rng, 0.02)
+    single, quad = conv_node(0, 1, 32, 16, 112, 1), conv_node(1, 4, 32, 16, 112, 1)
+    quirk_us = 3.0 * synthetic_latency_us([single], rng, 0.0)[0]     # far off the law the others follow
+    predictor = DevicePredictor().fit(nodes + [single], list(latencies) + [quirk_us])
+    assert workload_key(quad) != workload_key(single)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)
+        assert predictor.predict([quad])[0] == pytest.approx(4 * quirk_us, rel=1e-9)
+
+
 def test_shipped_cpu_predictor_loads_with_this_feature_schema():
     """The predictor in predictors/data must be refitted whenever the features or the file format change."""
     from hetpart.compiler import default_cpu_predictor_path
