@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from ..tile_plan import vector_lanes_for
+
 logger = logging.getLogger(__name__)
 
 SCHEDULED_ATTR = "tirx.is_scheduled"
@@ -34,20 +36,8 @@ class CpuRule:
 def vector_lanes(target: Target, dtype_bits: int = 32) -> int:
     """Number of elements of ``dtype_bits`` in one SIMD register of ``target`` (4 for generic x86-64)."""
     mcpu = str(target.attrs.get("mcpu", "")) if target.attrs is not None else ""
-    keys = {str(k) for k in target.attrs.get("mattr", [])} if target.attrs is not None else set()
-    width_bits = 128
-    if mcpu in AVX512_CPUS or any("avx512f" in k for k in keys):
-        width_bits = 512
-    elif mcpu in AVX2_CPUS or any("avx2" in k for k in keys):
-        width_bits = 256
-    return max(1, width_bits // dtype_bits)
-
-
-AVX2_CPUS = frozenset({"haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", "x86-64-v3", "alderlake"})
-AVX512_CPUS = frozenset(
-    {"skylake-avx512", "cascadelake", "cooperlake", "icelake-server", "icelake-client", "tigerlake",
-     "rocketlake", "sapphirerapids", "znver4", "znver5", "x86-64-v4"}
-)
+    mattr = [str(k) for k in target.attrs.get("mattr", [])] if target.attrs is not None else []
+    return vector_lanes_for(mcpu, mattr, dtype_bits)
 
 
 def num_cores(target: Target) -> int:

@@ -16,12 +16,12 @@ full-size intermediate buffer disappears.  Padding blocks feeding the contractio
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 from tvm import s_tir
 from tvm.target import Target
 
+from ..tile_plan import pick_factor  # noqa: F401  (re-exported: the rules import it from here)
 from .base import loop_extent, num_cores, summarize_blocks
 from .elementwise import parallel_vectorize_nest
 
@@ -39,26 +39,6 @@ class TilePlan:
     n_spatial: int
     n_reduction: int
     vec_outer_first: bool = False  # order the vec axis' tile loop before the reg axis' (matmul: B panel reuse)
-
-
-def pick_factor(extent: int, preferred: int, minimum: int = 1, multiple_of: int = 1) -> int:
-    """A tile factor for a loop of ``extent``: ideally a divisor of it close to ``preferred``.
-
-    Order of preference: ``extent`` itself when it is <= ``preferred``; the largest divisor <= ``preferred``
-    that is a multiple of ``multiple_of`` (> 1 only for vector axes: whole SIMD registers); the divisor in
-    ``[minimum, 2 * preferred]`` closest to ``preferred`` (ratio-wise); else ``preferred`` itself, leaving a
-    tail that TVM guards with a predicate (correct, slower).
-    """
-    if extent <= preferred:
-        return extent
-    if multiple_of > 1:
-        for factor in range(preferred - preferred % multiple_of, multiple_of - 1, -multiple_of):
-            if factor >= minimum and extent % factor == 0:
-                return factor
-    divisors = [f for f in range(max(1, minimum), 2 * preferred + 1) if extent % f == 0]
-    if divisors:
-        return min(divisors, key=lambda f: (abs(math.log(f / preferred)), -f))
-    return preferred
 
 
 def _inline_epilogue_chain(sch: s_tir.Schedule, main_name: str) -> s_tir.schedule.SBlockRV | None:

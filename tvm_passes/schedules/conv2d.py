@@ -3,7 +3,8 @@
 Recognises a block with iterators ``SSSSRRR`` (n, f, y, x; rc, ry, rx) whose output is 4-D, as TOPI's
 ``conv2d_nchw`` / ``group_conv2d_nchw`` legalisation produces.  Register tile: output channels (the weight
 is a scalar broadcast per channel) x output columns (one vector load of the input row feeds every channel
-of the tile).  See :mod:`.contraction` for the loop structure.
+of the tile).  See :mod:`.contraction` for the loop structure and :func:`tvm_passes.tile_plan.conv_register_tile`
+for the tile sizes.
 """
 
 from __future__ import annotations
@@ -13,25 +14,8 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .base import CpuRule, static_extents, summarize_blocks, vector_lanes
-from .contraction import TilePlan, pick_factor, schedule_contraction
-
-CHANNEL_TILE = 8  # NCHW weights: 8 output channels share each input vector load (8 accumulators)
-COLUMN_TILE = 8  # IHWO weights: 8 output columns share each weight vector load (8 accumulators)
-# IHWO weights, deep layers (reduction C*kh*kw >= WIDE_MIN_REDUCTION): two SIMD registers of output channels
-# per tile (~16 accumulators).  Measured interleaved (2 threads): 512ch 7x7 3x3 4.98 -> 2.30 ms, 256ch 14x14
-# 3.30 -> 2.69 ms, 128->256 stride 2 1.63 -> 1.29 ms; 64ch 56x56 was faster with one register (4.54 vs 5.64).
-WIDE_CHANNEL_VECTORS = 2
-WIDE_MIN_REDUCTION = 1024
-
-
-def column_vector_factor(out_width: int, lanes: int) -> int:
-    """Vector length over output columns when the weights stay OIHW (one input row vector per channel tile).
-
-    A divisor of the row when one exists near ``lanes``, so no predicated tail; it can exceed ``lanes`` when the
-    width has no divisor in ``[lanes/2, lanes]`` (27 -> 27, 57 -> 19).  :mod:`.layout` prepacks such convs
-    to channel vectors instead.
-    """
-    return pick_factor(out_width, lanes, minimum=max(4, lanes // 2), multiple_of=lanes)
+from ..tile_plan import column_vector_factor, conv_register_tile  # noqa: F401  (column_vector_factor re-exported)
+from .contraction import TilePlan, schedule_contraction
 
 
 def find_conv_block(sch: s_tir.Schedule) -> str | None:
@@ -81,28 +65,13 @@ class Conv2dNCHW(CpuRule):
         if extents is None:
             return None
         lanes = vector_lanes(target)
-        if weight_is_channel_innermost(sch, name) and extents[1] % lanes == 0:
-            # Weights prepacked IHWO: one weight vector over output channels x COLUMN_TILE output columns.
-            reduction = extents[4] * extents[5] * extents[6]
-            wide = extents[1] % (lanes * WIDE_CHANNEL_VECTORS) == 0 and reduction >= WIDE_MIN_REDUCTION
-            channel_vec = lanes * WIDE_CHANNEL_VECTORS if wide else lanes
-            plan = TilePlan(
-                reg_axis=3,
-                reg_factor=pick_factor(extents[3], COLUMN_TILE, minimum=4),
-                vec_axis=1,
-                vec_factor=channel_vec,
-                n_spatial=4,
-                n_reduction=3,
-            )
-        else:
-            plan = TilePlan(
-                reg_axis=1,
-                reg_factor=pick_factor(extents[1], CHANNEL_TILE, minimum=4),
-                vec_axis=3,
-                vec_factor=column_vector_factor(extents[3], lanes),
-                n_spatial=4,
-                n_reduction=3,
-            )
+        tile = conv_register_tile(out_channels=extents[1], out_width=extents[3],
+                                  reduction=extents[4] * extents[5] * extents[6],
+                                  channel_innermost_weights=weight_is_channel_innermost(sch, name), lanes=lanes)
+        # Vectors over output channels (IHWO weights) x unrolled output columns, or the transpose.
+        reg_axis, vec_axis = (3, 1) if tile.over_channels else (1, 3)
+        plan = TilePlan(reg_axis=reg_axis, reg_factor=tile.reg_factor, vec_axis=vec_axis, vec_factor=tile.vec_factor,
+                        n_spatial=4, n_reduction=3)
         grouped = _is_grouped(sch, name)
         conv = sch.get_sblock(name)
         schedule_contraction(sch, name, plan, target)

@@ -7,7 +7,7 @@ dense (groups == 1) NCHW conv2d to IHWO with numpy at compile time and sets ``ke
 TOPI's generic ``conv`` legalises any kernel-layout permutation, so data and output stay NCHW and the rest
 of the model is untouched.  Weights that are not constants (e.g. passed as inputs), grouped/depthwise convs
 output channel counts that are not a multiple of the vector width, and stride-1 1x1 convs whose rows fit
-column vectors (faster that way, see ``_should_prepack``) are left as they are.
+column vectors (faster that way, see :func:`tvm_passes.tile_plan.conv_prepacks_weights`) are left as they are.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .conv2d import column_vector_factor
+from ..tile_plan import conv_prepacks_weights
 
 PREPACKED_KERNEL_LAYOUT = "IHWO"
 
@@ -30,23 +30,12 @@ def _should_prepack(call: relax.Call, lanes: int) -> bool:
     if int(attrs.groups) != 1 or not isinstance(call.args[1], tvm.ir.GenericConst):
         return False
     shape = call.args[1].value.shape
-    if len(shape) != 4 or int(shape[0]) % lanes != 0:
+    if len(shape) != 4:
         return False
-    pointwise = int(shape[2]) == 1 and int(shape[3]) == 1 and all(int(s) == 1 for s in attrs.strides)
     out_width = call.ty.shape.values[3] if isinstance(call.ty, relax.TensorType) and call.ty.shape else None
-    if not pointwise:
-        return True
-    if not isinstance(out_width, tvm.tirx.IntImm):
-        return False
-    width = int(out_width.value)
-    # Measured (interleaved, 2 threads): a stride-1 1x1 conv is a GEMM along the contiguous columns and is
-    # faster with column vectors (24->144 ch at 56x56: 0.10 vs 0.53 ms) unless its rows are too narrow to
-    # fill a vector (7x7 maps) or have no divisor near the vector width, so the column vector is longer than
-    # one register (AVX-512, 32->128 ch: width 27 -> 27-lane vectors 214 vs 40 us prepacked, 29: 244 vs 44,
-    # 31: 290 vs 64, 57 -> 19 lanes: 1270 vs 229; widths 26/28/30/55/56 stay faster with columns, 0.67-0.95x).
-    # Every spatial or strided conv is faster with output-channel vectors (no strided input gathers, no lanes
-    # wasted on 7- or 14-wide rows).
-    return width <= lanes // 2 or column_vector_factor(width, lanes) > lanes
+    static_width = int(out_width.value) if isinstance(out_width, tvm.tirx.IntImm) else None
+    return conv_prepacks_weights(int(shape[0]), int(attrs.groups), int(shape[2]), int(shape[3]),
+                                 [int(s) for s in attrs.strides], static_width, lanes)
 
 
 def prepack_conv_weights(lanes: int = 16) -> tvm.transform.Pass:

@@ -1,0 +1,71 @@
+"""tvm_passes.tile_plan: the CPU rules' tile decisions as plain arithmetic, importable without TVM."""
+import subprocess
+import sys
+
+import pytest
+
+from tvm_passes.tile_plan import (column_vector_factor, conv_prepacks_weights, conv_register_tile, pick_factor,
+                                  vector_lanes_for)
+
+
+def test_importing_the_tile_plan_loads_no_tvm():
+    code = "import sys, tvm_passes.tile_plan, predictors.features; print('tvm' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("extent, preferred, minimum, multiple_of, expected", [
+    (7, 8, 4, 1, 7),          # fits: the whole loop
+    (56, 8, 4, 1, 8),         # a divisor equal to the preference
+    (28, 8, 4, 1, 7),         # closest divisor ratio-wise
+    (64, 16, 8, 16, 16),      # whole vectors
+    (23, 8, 4, 1, 8),         # prime: the preference, with a predicated tail
+])
+def test_pick_factor(extent, preferred, minimum, multiple_of, expected):
+    assert pick_factor(extent, preferred, minimum, multiple_of) == expected
+
+
+def test_column_vectors_are_row_divisors_near_the_lanes():
+    assert column_vector_factor(56, 16) == 14
+    assert column_vector_factor(112, 16) == 16
+    assert column_vector_factor(27, 16) == 27      # no divisor in [8, 16]: longer than one register
+    assert column_vector_factor(57, 16) == 19
+
+
+@pytest.mark.parametrize("out_channels, groups, k, strides, width, prepacked", [
+    (64, 1, 3, (1, 1), 56, True),     # spatial conv
+    (256, 1, 1, (2, 2), 14, True),    # strided 1x1
+    (256, 1, 1, (1, 1), 56, False),   # stride-1 1x1 with rows that fit column vectors
+    (256, 1, 1, (1, 1), 7, True),     # rows narrower than half a vector
+    (128, 1, 1, (1, 1), 27, True),    # no row divisor near the vector width
+    (24, 1, 3, (1, 1), 56, False),    # channels not whole vectors
+    (64, 64, 3, (1, 1), 56, False),   # depthwise
+    (64, 1, 1, (1, 1), None, False),  # width not static
+])
+def test_which_conv_weights_are_prepacked(out_channels, groups, k, strides, width, prepacked):
+    assert conv_prepacks_weights(out_channels, groups, k, k, strides, width, lanes=16) is prepacked
+
+
+def test_conv_register_tiles():
+    deep = conv_register_tile(out_channels=512, out_width=7, reduction=4608, channel_innermost_weights=True,
+                              lanes=16)
+    assert (deep.over_channels, deep.reg_factor, deep.vec_factor) == (True, 7, 32)
+    assert deep.accumulators(16) == 14 and deep.lane_fill(16) == 1.0
+    tiny = conv_register_tile(out_channels=2048, out_width=4, reduction=512, channel_innermost_weights=True,
+                              lanes=16)
+    assert (tiny.reg_factor, tiny.vec_factor, tiny.accumulators(16)) == (4, 16, 4)
+    columns = conv_register_tile(out_channels=256, out_width=56, reduction=64, channel_innermost_weights=False,
+                                 lanes=16)
+    assert (columns.over_channels, columns.reg_factor, columns.vec_factor) == (False, 8, 14)
+    assert columns.accumulators(16) == 8 and columns.lane_fill(16) == pytest.approx(14 / 16)
+    # channel vectors need whole vectors of output channels, whatever the weight layout
+    odd = conv_register_tile(out_channels=24, out_width=56, reduction=64, channel_innermost_weights=True, lanes=16)
+    assert not odd.over_channels
+
+
+def test_vector_lanes():
+    assert vector_lanes_for("znver5") == 16
+    assert vector_lanes_for("haswell") == 8
+    assert vector_lanes_for("", ["+avx512f"]) == 16
+    assert vector_lanes_for("x86-64") == 4
+    assert vector_lanes_for("znver5", dtype_bits=16) == 32

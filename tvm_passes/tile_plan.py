@@ -1,0 +1,123 @@
+"""Tile decisions of hetpart's CPU schedule rules, as plain arithmetic on shapes (imports no TVM).
+
+The rules in :mod:`tvm_passes.schedules` apply these decisions to PrimFuncs; :mod:`predictors.features` reads
+the same decisions to describe a kernel (how many SIMD registers its register tile keeps, how full its vectors
+are), so a latency model sees the steps the schedule puts into latency without importing TVM. One definition
+serves both, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+AVX2_CPUS = frozenset({"haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", "x86-64-v3", "alderlake"})
+AVX512_CPUS = frozenset(
+    {"skylake-avx512", "cascadelake", "cooperlake", "icelake-server", "icelake-client", "tigerlake",
+     "rocketlake", "sapphirerapids", "znver4", "znver5", "x86-64-v4"}
+)
+
+CHANNEL_TILE = 8  # NCHW weights: 8 output channels share each input vector load (8 accumulators)
+COLUMN_TILE = 8  # IHWO weights: 8 output columns share each weight vector load (8 accumulators)
+# IHWO weights, deep layers (reduction C*kh*kw >= WIDE_MIN_REDUCTION): two SIMD registers of output channels
+# per tile (~16 accumulators).  Measured interleaved (2 threads): 512ch 7x7 3x3 4.98 -> 2.30 ms, 256ch 14x14
+# 3.30 -> 2.69 ms, 128->256 stride 2 1.63 -> 1.29 ms; 64ch 56x56 was faster with one register (4.54 vs 5.64).
+WIDE_CHANNEL_VECTORS = 2
+WIDE_MIN_REDUCTION = 1024
+
+
+def vector_lanes_for(mcpu: str, mattr: Iterable[str] = (), dtype_bits: int = 32) -> int:
+    """Elements of ``dtype_bits`` in one SIMD register of an llvm CPU (4 for generic x86-64)."""
+    keys = {str(k) for k in mattr}
+    width_bits = 128
+    if mcpu in AVX512_CPUS or any("avx512f" in k for k in keys):
+        width_bits = 512
+    elif mcpu in AVX2_CPUS or any("avx2" in k for k in keys):
+        width_bits = 256
+    return max(1, width_bits // dtype_bits)
+
+
+def pick_factor(extent: int, preferred: int, minimum: int = 1, multiple_of: int = 1) -> int:
+    """A tile factor for a loop of ``extent``: ideally a divisor of it close to ``preferred``.
+
+    Order of preference: ``extent`` itself when it is <= ``preferred``; the largest divisor <= ``preferred``
+    that is a multiple of ``multiple_of`` (> 1 only for vector axes: whole SIMD registers); the divisor in
+    ``[minimum, 2 * preferred]`` closest to ``preferred`` (ratio-wise); else ``preferred`` itself, leaving a
+    tail that TVM guards with a predicate (correct, slower).
+    """
+    if extent <= preferred:
+        return extent
+    if multiple_of > 1:
+        for factor in range(preferred - preferred % multiple_of, multiple_of - 1, -multiple_of):
+            if factor >= minimum and extent % factor == 0:
+                return factor
+    divisors = [f for f in range(max(1, minimum), 2 * preferred + 1) if extent % f == 0]
+    if divisors:
+        return min(divisors, key=lambda f: (abs(math.log(f / preferred)), -f))
+    return preferred
+
+
+def column_vector_factor(out_width: int, lanes: int) -> int:
+    """Vector length over output columns when the weights stay OIHW (one input row vector per channel tile).
+
+    A divisor of the row when one exists near ``lanes``, so no predicated tail; it can exceed ``lanes`` when the
+    width has no divisor in ``[lanes/2, lanes]`` (27 -> 27, 57 -> 19).  :func:`conv_prepacks_weights` sends such
+    convs to channel vectors instead.
+    """
+    return pick_factor(out_width, lanes, minimum=max(4, lanes // 2), multiple_of=lanes)
+
+
+def conv_prepacks_weights(out_channels: int, groups: int, kernel_h: int, kernel_w: int, strides: Iterable[int],
+                          out_width: int | None, lanes: int) -> bool:
+    """Whether hetpart stores a constant NCHW conv2d weight output-channel-innermost (IHWO) for the CPU.
+
+    Dense convs whose output channels fill whole vectors are prepacked, except stride-1 1x1 convs whose rows fit
+    column vectors. Measured (interleaved, 2 threads): a stride-1 1x1 conv is a GEMM along the contiguous columns
+    and is faster with column vectors (24->144 ch at 56x56: 0.10 vs 0.53 ms) unless its rows are too narrow to
+    fill a vector (7x7 maps) or have no divisor near the vector width, so the column vector is longer than one
+    register (AVX-512, 32->128 ch: width 27 -> 27-lane vectors 214 vs 40 us prepacked, 29: 244 vs 44, 31: 290 vs
+    64, 57 -> 19 lanes: 1270 vs 229; widths 26/28/30/55/56 stay faster with columns, 0.67-0.95x). Every spatial or
+    strided conv is faster with output-channel vectors (no strided input gathers, no lanes wasted on 7- or
+    14-wide rows). ``out_width`` None (not static): a pointwise conv is left as it is.
+    """
+    if groups != 1 or out_channels % lanes != 0:
+        return False
+    pointwise = kernel_h == 1 and kernel_w == 1 and all(int(s) == 1 for s in strides)
+    if not pointwise:
+        return True
+    if out_width is None:
+        return False
+    return out_width <= lanes // 2 or column_vector_factor(out_width, lanes) > lanes
+
+
+@dataclass(frozen=True)
+class ConvRegisterTile:
+    """The conv rule's register tile: ``reg_factor`` unrolled outputs x a ``vec_factor``-element vector.
+
+    ``over_channels``: vectors run over output channels (IHWO weights) and the unrolled axis is output columns;
+    else vectors run over output columns and the unrolled axis is output channels.
+    """
+
+    over_channels: bool
+    reg_factor: int
+    vec_factor: int
+
+    def accumulators(self, lanes: int) -> int:
+        """SIMD registers the tile keeps as accumulators."""
+        return self.reg_factor * math.ceil(self.vec_factor / lanes)
+
+    def lane_fill(self, lanes: int) -> float:
+        """Share of the vector registers' lanes that hold outputs (1 = whole vectors, no masked lanes)."""
+        return self.vec_factor / (math.ceil(self.vec_factor / lanes) * lanes)
+
+
+def conv_register_tile(out_channels: int, out_width: int, reduction: int, channel_innermost_weights: bool,
+                       lanes: int) -> ConvRegisterTile:
+    """The register tile the conv rule picks for an NCHW conv (``reduction`` = Ci/groups * kh * kw)."""
+    if channel_innermost_weights and out_channels % lanes == 0:
+        wide = out_channels % (lanes * WIDE_CHANNEL_VECTORS) == 0 and reduction >= WIDE_MIN_REDUCTION
+        return ConvRegisterTile(over_channels=True, reg_factor=pick_factor(out_width, COLUMN_TILE, minimum=4),
+                                vec_factor=lanes * WIDE_CHANNEL_VECTORS if wide else lanes)
+    return ConvRegisterTile(over_channels=False, reg_factor=pick_factor(out_channels, CHANNEL_TILE, minimum=4),
+                            vec_factor=column_vector_factor(out_width, lanes))
