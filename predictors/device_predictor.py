@@ -28,6 +28,7 @@ from predictors.features import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND
                                  RESIDUAL_EXCLUDED, feature_matrix, feature_vector, kernel_kind, vectors_to_matrix,
                                  workload_key)
 from predictors.polynomial import PolynomialLatencyModel
+from tvm_passes.tile_plan import vector_lanes_for
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,12 @@ class DevicePredictor:
         self.context = ContextTerms()
         self.fit_info: dict[str, Any] = {}
 
+    @property
+    def vector_lanes(self) -> int:
+        """fp32 SIMD lanes of the target (the schedule-derived features depend on it)."""
+        mattr = self.target.get("mattr", ())
+        return vector_lanes_for(str(self.target.get("mcpu", "")), [mattr] if isinstance(mattr, str) else mattr)
+
     def fit(self, nodes: Sequence[OpNode], latencies_us: Sequence[float]) -> "DevicePredictor":
         nodes, y = list(nodes), np.asarray(latencies_us, dtype=np.float64)
         if not nodes:
@@ -86,7 +93,7 @@ class DevicePredictor:
             raise PredictorError(f"{len(nodes)} kernels but {len(y)} latencies: they must pair up")
         start = time.perf_counter()
         kinds = np.array([kernel_kind(n) for n in nodes])
-        vectors = [feature_vector(n) for n in nodes]
+        vectors = [feature_vector(n, self.vector_lanes) for n in nodes]
         self.models = {}
         for kind in sorted(set(kinds.tolist())):
             idx = np.flatnonzero(kinds == kind)
@@ -126,9 +133,9 @@ class DevicePredictor:
                     f"{sub[0].op}); the {model_kind + ' model' if model else 'fallback (bytes, FLOPs) model'} "
                     "predicted them. Profile such kernels and refit for better accuracy."), stacklevel=2)
             if model is None:
-                out[idx] = self.fallback.predict(feature_matrix(sub, FALLBACK_FEATURES))
+                out[idx] = self.fallback.predict(feature_matrix(sub, FALLBACK_FEATURES, self.vector_lanes))
             else:
-                vectors = [feature_vector(n) for n in sub]
+                vectors = [feature_vector(n, self.vector_lanes) for n in sub]
                 out[idx] = model.predict(vectors_to_matrix(vectors, KIND_FEATURES[model_kind])) \
                     * _batch_scale(model_kind, vectors)
         if self.measured_us_:

@@ -14,6 +14,7 @@ correlation per kernel kind.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -139,9 +140,12 @@ def model_level_floor(records: Mapping[str, ModelRecord], group_of: Mapping[str,
 
 
 # ---------------------------------------------------------------------- cross-validation
-def default_methods() -> dict[str, Callable[[], Any]]:
-    """Name -> factory of an unfitted predictor with fit(nodes, latencies_us) / predict(nodes)."""
-    return {"polynomial": DevicePredictor, **BASELINES}
+def default_methods(target: Mapping[str, Any] | None = None) -> dict[str, Callable[[], Any]]:
+    """Name -> factory of an unfitted predictor with fit(nodes, latencies_us) / predict(nodes).
+
+    ``target``: the compilation target the kernels were measured for (the polynomial's schedule-derived features
+    depend on its SIMD width)."""
+    return {"polynomial": functools.partial(DevicePredictor, target=target), **BASELINES}
 
 
 def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, str],

@@ -20,8 +20,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from hetpart.graph import OpNode
+from tvm_passes.tile_plan import conv_prepacks_weights, conv_register_tile
 
-FEATURE_SCHEMA_VERSION = 4
+FEATURE_SCHEMA_VERSION = 5
+# SIMD width (fp32 lanes) assumed by the schedule-derived features when the caller does not give its target's
+# (AVX-512, the machine kind hetpart ships a CPU predictor for); DevicePredictor passes its own target's width.
+DEFAULT_VECTOR_LANES = 16
 
 KINDS = ("conv2d", "depthwise_conv2d", "matmul", "pool", "elementwise", "reduction", "data_movement", "other")
 
@@ -108,6 +112,10 @@ FEATURE_SCHEMA: dict[str, str] = {
                    "(a non-dividing tile leaves a scalar tail)",
     "channel_alignment": "largest power of two (<= 64) dividing the output channels",
     "width_alignment": "largest power of two (<= 64) dividing the output width",
+    "conv_tile_accumulators": "SIMD registers in the register tile hetpart's CPU conv rule gives the kernel "
+                              "(tvm_passes.tile_plan; 0 for other kinds): few accumulators starve the FMA units",
+    "conv_lane_fill": "share of the conv tile's vector lanes that hold outputs (1 = whole vectors; 1 for other "
+                      "kinds)",
     "flops_per_sample": "flops / batch",
     "bytes_per_sample": "activation bytes (bytes_total - param_bytes) / batch + param_bytes: the bytes of the "
                         "same kernel at batch 1",
@@ -121,7 +129,7 @@ FEATURE_SCHEMA: dict[str, str] = {
 # feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
 KIND_FEATURES: dict[str, tuple[str, ...]] = {
     "conv2d": ("flops_per_sample", "bytes_per_sample", "out_spatial", "out_channels_pad8", "reduction_size",
-               "stride", "kernel_area"),
+               "stride", "kernel_area", "conv_tile_accumulators", "conv_lane_fill"),
     "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
     "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems"),
     "pool": ("bytes_total", "out_elems", "kernel_area", "stride"),
@@ -130,6 +138,13 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
     "data_movement": ("bytes_total", "out_elems", "layout_ops", "n_inputs"),
     "other": ("flops", "bytes_total", "out_elems"),
 }
+# conv2d's last two features describe the register tile hetpart's CPU conv rule picks (tvm_passes.tile_plan): a
+# tile of 4 columns x 2 vectors (ResNet-50's 4x4 maps at 112 px) runs at half the FLOP rate of 7 x 2 (its 7x7 maps at
+# 224 px), and 14-lane column vectors waste an eighth of every register. Without them the polynomial predicted
+# ResNet-50's 1x1 convs -42% at 4x4 and +60% at 7x7. Leave-one-model-out (profiles_session5b): kernels >= 100 µs
+# 6.8% -> 5.9% MAPE, 79.8% -> 82.3% within ±10%; kernels 10-100 µs 12.2% -> 11.6%. A third, binary feature
+# (weights prepacked or not) helped kernels >= 100 µs a little more (5.7%) but took 10-100 µs convs from 4.5% to
+# 9.4% MAPE, so it was left out.
 # Kinds modelled per batch element (device_predictor.py divides their latencies by the batch before fitting and
 # multiplies predictions by it; their features are those of the same kernel at batch 1). A convolution's schedule
 # tiles channels and columns and runs the batch as more parallel work, so its latency is close to linear in the
@@ -259,8 +274,25 @@ def _matmul_geometry(node: OpNode, out_elems: float) -> dict[str, float]:
     return {"m": m, "n": n, "k": k, "batch": batch}
 
 
-def feature_vector(node: OpNode) -> dict[str, float]:
-    """Every feature of :data:`FEATURE_SCHEMA` for one kernel, as finite non-negative floats."""
+def _conv_tile(node: OpNode, f: Mapping[str, float], vector_lanes: int) -> tuple[float, float]:
+    """(accumulators, lane fill) of the register tile hetpart's CPU conv rule gives a conv-anchored kernel.
+
+    Weights count as constants (prepackable) when the kernel has parameter operands, as in deployed models."""
+    out_channels, out_width = int(f["out_channels"]), int(f["out_width"])
+    kh, kw, groups = int(f["kernel_h"]), int(f["kernel_w"]), int(f["groups"])
+    prepacked = node.param_bytes > 0 and conv_prepacks_weights(
+        out_channels, groups, kh, kw, _pair(anchor_attrs(node).get("strides"), 1), out_width, vector_lanes)
+    tile = conv_register_tile(out_channels=max(out_channels, 1), out_width=max(out_width, 1),
+                              reduction=int(round(f["channels_per_group"] * kh * kw)),
+                              channel_innermost_weights=prepacked, lanes=vector_lanes)
+    return float(tile.accumulators(vector_lanes)), tile.lane_fill(vector_lanes)
+
+
+def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES) -> dict[str, float]:
+    """Every feature of :data:`FEATURE_SCHEMA` for one kernel, as finite non-negative floats.
+
+    ``vector_lanes``: fp32 SIMD lanes of the CPU the kernel is compiled for (the schedule-derived conv features
+    depend on it)."""
     kind = kernel_kind(node)
     out_elems = float(np.prod(node.output_shapes[0])) if node.output_shapes else 0.0
     in_elems = float(np.prod(node.input_shapes[0])) if node.input_shapes else 0.0
@@ -309,6 +341,9 @@ def feature_vector(node: OpNode) -> dict[str, float]:
              n_alignment=_pow2_divisor(f["n"]), channel_alignment=_pow2_divisor(f["out_channels"]),
              width_alignment=_pow2_divisor(f["out_width"]))
     f["channel_pad_waste"] = f["out_channels_pad16"] / max(f["out_channels"], 1.0) if f["out_channels"] else 1.0
+    f["conv_tile_accumulators"], f["conv_lane_fill"] = 0.0, 1.0
+    if kind in ("conv2d", "depthwise_conv2d"):
+        f["conv_tile_accumulators"], f["conv_lane_fill"] = _conv_tile(node, f, vector_lanes)
     batch = max(f["batch"], 1.0)
     f.update(flops_per_sample=f["flops"] / batch,
              bytes_per_sample=(bytes_total - f["param_bytes"]) / batch + f["param_bytes"])
@@ -318,9 +353,10 @@ def feature_vector(node: OpNode) -> dict[str, float]:
     return f
 
 
-def feature_matrix(nodes: list[OpNode] | tuple[OpNode, ...], names: tuple[str, ...]) -> np.ndarray:
+def feature_matrix(nodes: list[OpNode] | tuple[OpNode, ...], names: tuple[str, ...],
+                   vector_lanes: int = DEFAULT_VECTOR_LANES) -> np.ndarray:
     """Rows = nodes, columns = the named features (float64)."""
-    return vectors_to_matrix([feature_vector(n) for n in nodes], names)
+    return vectors_to_matrix([feature_vector(n, vector_lanes) for n in nodes], names)
 
 
 def vectors_to_matrix(rows: list[Mapping[str, float]], names: tuple[str, ...]) -> np.ndarray:

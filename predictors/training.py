@@ -288,7 +288,7 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
     if len(data.records) < 2:
         raise PredictorError(f"evaluation needs >= 2 complete model variants; found {len(data.records)} "
                              f"(excluded: {data.excluded_models}). Profile with a larger budget.")
-    methods = dict(methods or ev.default_methods())
+    methods = dict(methods or ev.default_methods(json.loads(data.target)))
     syn_nodes, syn_lat = data.synthetic()
     with_syn = {name: (lambda f=f: WithExtraTraining(f, syn_nodes, syn_lat)) for name, f in methods.items()}
     splits = {"leave_one_model_out": ({n: n for n in data.records}, with_syn if syn_nodes else methods),

@@ -92,3 +92,16 @@ def test_schedule_alignment_and_member_composition_features():
     assert log_chain["transcendental_ops"] == 1 and log_chain["transcendental_elems"] == 6400
     cell = _node("fused:split+sigmoid+tanh+multiply+stack", in_shapes=((1, 2600), (1, 650)), out_shapes=((1, 650),))
     assert kernel_kind(cell) == "elementwise" and feature_vector(cell)["layout_ops"] == 2
+
+
+def test_conv_tile_features_follow_the_cpu_rule():
+    """The register tile of hetpart's conv rule (tvm_passes.tile_plan), at the target's SIMD width."""
+    deep = feature_vector(conv_node(0, 1, 512, 512, 7, 3))              # prepacked, 7 columns x 2 channel vectors
+    assert (deep["conv_tile_accumulators"], deep["conv_lane_fill"]) == (14.0, 1.0)
+    tiny = feature_vector(conv_node(1, 1, 1024, 2048, 8, 1, stride=2))  # 4x4 output: 4 columns x 2 vectors
+    assert tiny["conv_tile_accumulators"] == 8.0
+    pointwise = feature_vector(conv_node(2, 1, 64, 256, 56, 1))         # column vectors of 14 of 16 lanes
+    assert pointwise["conv_tile_accumulators"] == 8.0 and pointwise["conv_lane_fill"] == 14 / 16
+    avx2 = feature_vector(conv_node(2, 1, 64, 256, 56, 1), vector_lanes=8)
+    assert avx2["conv_lane_fill"] == 1.0                                # 56 = 7 whole 8-lane vectors
+    assert feature_vector(matmul_node(3, 64, 64, 64))["conv_tile_accumulators"] == 0.0
