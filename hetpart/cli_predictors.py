@@ -103,7 +103,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-synthetic", type=int, default=600, help="most synthetic workloads to consider")
     p.add_argument("--retests", type=int, default=40, help="kernels to measure twice (noise floor)")
     p.add_argument("--refine", action="store_true", help="measure the stored zoo kernels and models again and "
-                   "keep the lower median (contention only adds time); run when the machine is quiet")
+                   "keep the lower (canary-normalised) median: contention only adds time. Run when the machine "
+                   "is quiet; it refuses to start when the host runs faster than the database's reference")
     p.add_argument("--windows", type=int, default=3, help="timing windows per kernel / model; the least "
                    "contended (lowest median) is kept")
     p.set_defaults(func=cmd_profile)

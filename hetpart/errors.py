@@ -73,6 +73,10 @@ class ProfileDatabaseError(HetpartError, RuntimeError):
     """The profile database is corrupt, foreign, or of an unsupported version."""
 
 
+class HostRegimeError(HetpartError, RuntimeError):
+    """The host runs at another speed than when a profile database was measured; mixing the two would corrupt it."""
+
+
 class BuildError(HetpartError, RuntimeError):
     """Compiling a (partitioned) module failed."""
 

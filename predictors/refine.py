@@ -4,19 +4,31 @@ Contention on a shared machine only ever adds time, so over several sessions the
 of a kernel's own latency (``hetpart profile --refine``; the same rule :class:`~predictors.zoo_profile.
 BestWindowProfiler` applies within a session). Each pass also records its timings as retests of its session, the
 data of the noise floors in :func:`predictors.training.noise_floor_of`.
+
+"Lower" compares canary-normalised medians (:func:`predictors.store.normalise_latency`), so drift of the whole
+machine within the canary's trust band does not count as a better label. A pass refuses to start when the canary
+runs faster than the database's reference by more than that band: the host is then in a faster regime than when the
+database was measured (this host has switched between ~72 and ~82 µs canaries from one hour to the next), and
+keeping the lower medians would replace most labels with the other regime's timings -- normalising cannot undo that,
+since memory-bound kernels moved ~20% when the compute-bound canary moved 13%. Such a pass lowered 526 of 723 labels
+of one database and made every predictor figure worse; the fix is a new database measured in one regime.
 """
 from __future__ import annotations
 
 import logging
 import time
 from pathlib import Path
+
+import numpy as np
+
+from hetpart.errors import HostRegimeError
 from typing import Any, Callable, Sequence
 
 from predictors import sampling
 from predictors.kernel_mapping import map_kernels
 from predictors.model_db import ModelDatabase
 from predictors.profiler import KernelProfiler
-from predictors.store import ProfileStore
+from predictors.store import CANARY_TRUST, Measurement, ProfileStore, normalise_latency
 from predictors.zoo_profile import import_variant, measure_model
 
 logger = logging.getLogger(__name__)
@@ -35,6 +47,7 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
     with ProfileStore(db_path) as store, ModelDatabase(db_path) as models:
         stored = {m.key_hash: m for m in store.measurements(profiler.device, "ok", profiler.target,
                                                             profiler.tvm_version)}
+        reference = _check_regime(list(stored.values()), profiler, db_path)
         known = {r.name: r for r in models.variants(*ident)}
         seen: set[str] = set()
         for variant in variants if variants is not None else sampling.zoo_variants():
@@ -58,17 +71,45 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
                 if new.status == "ok" and new.canary_us:       # one value per session: the noise floor's data
                     models.add_retest(w.key_hash, *ident, new.median_us, new.spread or 0.0, new.canary_us,
                                       profiler.session_id)
-                if new.status == "ok" and new.median_us < old.median_us:
+                if new.status == "ok" and _lower(new.median_us, new.canary_us, old.median_us, old.canary_us,
+                                                 reference):
                     store.add(new, replace=True)
                     stored[w.key_hash] = new
                     counts["kernels_lowered"] += 1
             if record.model_median_us is not None and left() > 0:
                 median, spread, canary, _ = measure_model(mod, profiler, getattr(profiler, "windows", 3))
                 counts["models"] += 1
-                if median < record.model_median_us:
+                if _lower(median, canary, record.model_median_us, record.canary_us, reference):
                     models.set_model_latency(variant.name, *ident, median, spread, canary, profiler.session_id)
                     counts["models_lowered"] += 1
             logger.info("refined %s: %s", variant.name, counts)
         models.record_run(profiler.session_id, profiler.device, budget_s, time.monotonic() - start,
                           {"refine": counts})
     return counts
+
+
+def _check_regime(rows: Sequence[Measurement], profiler: KernelProfiler, db_path: str | Path) -> float | None:
+    """The database's reference canary (median of its rows'); raises when the host now runs faster than it."""
+    canaries = [m.canary_us for m in rows if m.canary_us]
+    if not canaries:
+        return None
+    reference = float(np.median(canaries))
+    now = profiler.canary_us()
+    if now < reference / (1 + CANARY_TRUST):
+        raise HostRegimeError(
+            f"refining needs the host at the speed {db_path} was measured at: its canary took {reference:.1f} us, "
+            f"now it takes {now:.1f} us ({reference / now:.2f}x faster, beyond the {CANARY_TRUST:.0%} drift band). "
+            "Keeping the lower medians would mix the two speeds. Profile into a new database (--db NEW.sqlite, "
+            "then hetpart fit --db NEW.sqlite), or refine this one when the canary is back near its reference.")
+    if now > reference * (1 + CANARY_TRUST):
+        logger.warning("the canary takes %.1f us now against %.1f us in %s: the host is slower or busy, so few "
+                       "labels will be lowered; refine when it is quiet", now, reference, db_path)
+    return reference
+
+
+def _lower(new_us: float, new_canary_us: float | None, old_us: float, old_canary_us: float | None,
+           reference: float | None) -> bool:
+    """Whether a new median beats the stored one once both are normalised to the reference canary."""
+    if reference is None or not new_canary_us or not old_canary_us:
+        return new_us < old_us
+    return normalise_latency(new_us, new_canary_us, reference) < normalise_latency(old_us, old_canary_us, reference)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hetpart import cli_predictors
-from hetpart.errors import ProfileDatabaseError
+from hetpart.errors import HostRegimeError, ProfileDatabaseError
 from hetpart.graph import OpNode
 from predictors.model_db import ModelDatabase
 from predictors.device_predictor import DevicePredictor
@@ -352,9 +352,21 @@ def test_profile_campaign_is_resumable_and_records_models_retests_and_synthetic_
     slower.measure = lambda w, p=slower: dataclasses.replace(CountingProfiler.measure(p, w),
                                                              median_us=10.0 * before[w.key_hash])
     assert refine_zoo(db, 600, slower, variants, load_module=tiny_cnn)["kernels_lowered"] == 0
+    from predictors.profiler import TimingStats
+    fast_host = CountingProfiler()                   # the canary runs 20% faster than in the database
+    fast_host.time_kernel = lambda kernel: [TimingStats((40.0, 40.5, 39.5), 1)]
+    fast_host.measure = faster.measure
+    with pytest.raises(HostRegimeError, match=r"took 50.0 us, now it takes 40.0 us .*new database"):
+        refine_zoo(db, 600, fast_host, variants, load_module=tiny_cnn)
+    assert {m.key_hash: m.median_us for m in ProfileStore(db).measurements()} == after     # nothing touched
+    drift = CountingProfiler()                       # 3% faster canary, 2% faster kernels: drift, not better labels
+    drift.time_kernel = lambda kernel: [TimingStats((48.5, 48.6, 48.4), 1)]
+    drift.measure = lambda w, p=drift: dataclasses.replace(CountingProfiler.measure(p, w), canary_us=48.5,
+                                                           median_us=0.98 * after[w.key_hash])
+    assert refine_zoo(db, 600, drift, variants, load_module=tiny_cnn)["kernels_lowered"] == 0
     data = load_training_data(db)
-    assert len(data.retests) == 4 + 2 * counts["kernels"]                 # each refine pass records its timings
-    between = noise_floor_of(data)["between_sessions"]                     # the two passes: 0.5x vs 10x
+    assert len(data.retests) == 4 + 3 * counts["kernels"]                 # each refine pass records its timings
+    between = noise_floor_of(data)["between_sessions"]                     # the passes: 0.5x, 10x, 0.98x
     assert between["n_kernels"] == counts["kernels"] and between["mape"] > 5
     assert list(data.records) == ["tiny_cnn_b1_s16"] and len(data.synthetic()[0]) == 3
     assert data.records["tiny_cnn_b1_s16"].model_latency_us == pytest.approx(50.0)   # canary 50 us everywhere
