@@ -74,6 +74,7 @@ logger = logging.getLogger(__name__)
 # Standardised log-space distance under which a query counts as a training kernel's twin (equal features up to
 # float rounding).
 _TWIN_DISTANCE = 1e-6
+
 _FITTED = ("n_features_in_", "degree_", "alpha_", "feature_min_", "feature_max_", "log_mean_", "log_scale_",
            "powers_", "coef_", "intercept_", "anchors_", "anchor_residuals_", "residual_bandwidth_",
            "log_latency_min_", "log_latency_max_", "cv_rmse_log_", "n_samples_")
