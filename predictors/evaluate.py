@@ -238,10 +238,12 @@ def check_goals(split: Mapping[str, Any]) -> dict[str, Any]:
 
 def evaluate(dataset: Mapping[str, Any], *, repeats: Sequence[Sequence[float]] | None = None,
              methods: Mapping[str, Callable[[], Any]] | None = None, progress: Progress | None = None,
-             plot_path: str | Path | None = None) -> dict[str, Any]:
-    """Full report (JSON-serialisable): per split and method kernel/model metrics, goals, noise floor, verdicts."""
+             plot_path: str | Path | None = None, target: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Full report (JSON-serialisable): per split and method kernel/model metrics, goals, noise floor, verdicts.
+
+    ``target``: the compilation target the kernels were measured for (see :func:`default_methods`)."""
     records = as_records(dataset)
-    methods = dict(methods or default_methods())
+    methods = dict(methods or default_methods(target))
     if "polynomial" not in methods:
         raise PredictorError("evaluate() compares against the 'polynomial' method; include it in methods")
     splits = {"leave_one_model_out": {n: n for n in records},

@@ -8,7 +8,7 @@ import pytest
 from hetpart.errors import PredictorError
 from predictors.baselines import BASELINES
 from predictors.features import kernel_kind
-from predictors.evaluate import (ModelRecord, cross_validate, error_metrics, evaluate, kernel_report,
+from predictors.evaluate import (ModelRecord, cross_validate, default_methods, error_metrics, evaluate, kernel_report,
                                  model_level_floor, noise_floor, plot_predicted_vs_measured, spearman)
 from predictors.device_predictor import DevicePredictor
 from tests.predictors.synthetic_kernels import random_kernels, synthetic_latency_us
@@ -174,3 +174,9 @@ def test_model_level_floor_is_zero_when_models_compose_exactly_and_reports_the_g
     gap = model_level_floor(skewed, {n: n for n in skewed})
     assert gap["signed_error_per_model"][name] == pytest.approx(1 / 1.3 - 1, abs=0.02)
     assert gap["max_ape"] == pytest.approx(1 - 1 / 1.3, abs=0.02)
+
+
+def test_the_default_polynomial_is_built_for_the_measured_target():
+    """Its schedule-derived features depend on the target's SIMD width (16 fp32 lanes on an AVX-512 CPU)."""
+    assert default_methods({"kind": "llvm", "mcpu": "znver5"})["polynomial"]().vector_lanes == 16
+    assert default_methods({"kind": "llvm", "mcpu": "haswell"})["polynomial"]().vector_lanes == 8
