@@ -231,7 +231,8 @@ class PolynomialLatencyModel(RegressorMixin, BaseEstimator):
         j = self.work_feature
         ratio = np.clip((X[:, j] + 1.0) / (anchor[:, j] + 1.0), 1.0 / self.extrapolation_limit,
                         self.extrapolation_limit)
-        log_neighbour = self._log_poly(anchor) + self.anchor_residuals_[nearest] + np.log(ratio)
+        log_anchor = self._log_poly(anchor) + self.anchor_residuals_[nearest]   # its (geometric mean) log label
+        log_neighbour = log_anchor + np.log(ratio)
         above = np.flatnonzero(high.any(axis=1) | outside)
         log_t[above] = log_neighbour[above] - self.anchor_residuals_[nearest[above]]
         log_t += correction
@@ -240,7 +241,7 @@ class PolynomialLatencyModel(RegressorMixin, BaseEstimator):
         log_t = np.clip(log_t, log_neighbour - span, log_neighbour + span)
         # A training kernel's twin (the same features) takes that kernel's measured (geometric mean) label.
         twin = distance <= _TWIN_DISTANCE
-        log_t[twin] = self._log_poly(anchor[twin]) + self.anchor_residuals_[nearest[twin]]
+        log_t[twin] = log_anchor[twin]
         return np.exp(np.clip(log_t, self.log_latency_min_ - np.log(10.0),
                               self.log_latency_max_ + np.log(self.extrapolation_limit)))
 
