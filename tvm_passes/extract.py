@@ -17,6 +17,7 @@ Fused-kernel level
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any, Iterable
@@ -265,6 +266,39 @@ _OP_PREFIX = "hpop"
 _OP_PREFIX_RE = re.compile(rf"^{_OP_PREFIX}(\d+)__(.*)$")
 
 
+@functools.lru_cache(maxsize=None)
+def _rename_kernels_mutator() -> type:
+    """The mutator that points every op's call_tir at a private copy of its PrimFunc named hpop<id>__<name>.
+
+    Made once: TVM keeps every class its ``mutator`` decorator makes alive, with whatever its methods close over. A
+    class made per call closed over the legalized module and leaked it, weights included: 555 MB per VGG-16
+    extraction, which killed a three-pass ``hetpart profile`` at 24 GB.
+    """
+    import tvm
+    from tvm import relax
+
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    @relax.expr_functor.mutator
+    class _RenameKernels(relax.PyExprMutator):
+        def __init__(self, legal, id_of_name: dict[str, int]) -> None:
+            super().__init__(legal)
+            self.legal, self.id_of_name = legal, id_of_name
+
+        def visit_var_binding_(self, binding):
+            value, op_id = binding.value, self.id_of_name.get(binding.var.name)
+            if op_id is not None and isinstance(value, relax.Call) and value.op.same_as(call_tir):
+                new_gv = self.builder_.add_func(self.legal[value.args[0]].with_attr("hetpart.op_id", op_id),
+                                                f"{_OP_PREFIX}{op_id}__{value.args[0].name_hint}")
+                new_value = self.builder_.normalize(relax.Call(
+                    value.op, [new_gv] + [self.visit_expr(a) for a in value.args[1:]], value.attrs, value.ty_args))
+                self.builder_.emit_normalized(relax.VarBinding(binding.var, new_value))
+                return
+            super().visit_var_binding_(binding)
+
+    return _RenameKernels
+
+
 def fused_kernel_groups(mod, ops: list[OpNode]) -> tuple[KernelGroup, ...]:
     """Which ops TVM's FuseOps puts into one kernel (ops not legalized to a kernel stay single)."""
     import tvm
@@ -274,25 +308,7 @@ def fused_kernel_groups(mod, ops: list[OpNode]) -> tuple[KernelGroup, ...]:
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
     legal = legalize_ops()(mod)
-    id_of_name = {n.name: n.id for n in ops}
-
-    @relax.expr_functor.mutator
-    class _RenameKernels(relax.PyExprMutator):
-        """Point every op's call_tir at a private copy of its PrimFunc named hpop<id>__<name>."""
-
-        def visit_var_binding_(self, binding):
-            value = binding.value
-            if binding.var.name in id_of_name and isinstance(value, relax.Call) and value.op.same_as(call_tir):
-                new_gv = self.builder_.add_func(
-                    legal[value.args[0]].with_attr("hetpart.op_id", id_of_name[binding.var.name]),
-                    f"{_OP_PREFIX}{id_of_name[binding.var.name]}__{value.args[0].name_hint}")
-                new_value = self.builder_.normalize(relax.Call(
-                    value.op, [new_gv] + [self.visit_expr(a) for a in value.args[1:]], value.attrs, value.ty_args))
-                self.builder_.emit_normalized(relax.VarBinding(binding.var, new_value))
-                return
-            super().visit_var_binding_(binding)
-
-    mutator = _RenameKernels(legal)
+    mutator = _rename_kernels_mutator()(legal, {n.name: n.id for n in ops})
     mutator.builder_.update_func(legal.get_global_var("main"), mutator.visit_expr(legal["main"]))
     renamed = mutator.builder_.get()
     fused = relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(renamed))

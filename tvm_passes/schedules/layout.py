@@ -38,6 +38,40 @@ def _should_prepack(call: relax.Call, lanes: int) -> bool:
                                  [int(s) for s in attrs.strides], static_width, lanes)
 
 
+@relax.expr_functor.mutator
+class _PrepackRewriter(relax.PyExprMutator):
+    """Rewrites the convs :func:`_should_prepack` accepts; ``rewritten`` counts them.
+
+    Defined once at module level: TVM keeps every class its ``mutator`` decorator makes alive, and a class made in
+    each pass call closed over the list of rewritten calls, leaking their weight constants on every compile.
+    """
+
+    def __init__(self, mod: tvm.ir.IRModule, lanes: int) -> None:
+        super().__init__(mod)
+        self.lanes, self.rewritten = lanes, 0
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if not _should_prepack(call, self.lanes):
+            return call
+        weight = call.args[1]
+        packed = np.ascontiguousarray(np.transpose(weight.value.numpy(), (1, 2, 3, 0)))
+        attrs = call.attrs
+        self.rewritten += 1
+        return self.builder_.normalize(relax.op.nn.conv2d(
+            call.args[0],
+            relax.const(packed, str(weight.ty.dtype)),
+            strides=[int(s) for s in attrs.strides],
+            padding=[int(p) for p in attrs.padding],
+            dilation=[int(d) for d in attrs.dilation],
+            groups=1,
+            data_layout="NCHW",
+            kernel_layout=PREPACKED_KERNEL_LAYOUT,
+            out_layout="NCHW",
+            out_dtype=attrs.out_dtype,
+        ))
+
+
 def prepack_conv_weights(lanes: int = 16) -> tvm.transform.Pass:
     """Module pass: constant OIHW conv2d weights -> IHWO constants (see module docstring).
 
@@ -47,37 +81,11 @@ def prepack_conv_weights(lanes: int = 16) -> tvm.transform.Pass:
 
     @tvm.transform.module_pass(opt_level=0, name="HetpartPrepackConvWeights")
     def _pass(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
-        rewritten = []
-
-        @relax.expr_functor.mutator
-        class _Rewriter(relax.PyExprMutator):
-
-            def visit_call_(self, call):
-                call = self.visit_expr_post_order(call)
-                if not _should_prepack(call, lanes):
-                    return call
-                weight = call.args[1]
-                packed = np.ascontiguousarray(np.transpose(weight.value.numpy(), (1, 2, 3, 0)))
-                attrs = call.attrs
-                rewritten.append(call)
-                return self.builder_.normalize(relax.op.nn.conv2d(
-                    call.args[0],
-                    relax.const(packed, str(weight.ty.dtype)),
-                    strides=[int(s) for s in attrs.strides],
-                    padding=[int(p) for p in attrs.padding],
-                    dilation=[int(d) for d in attrs.dilation],
-                    groups=1,
-                    data_layout="NCHW",
-                    kernel_layout=PREPACKED_KERNEL_LAYOUT,
-                    out_layout="NCHW",
-                    out_dtype=attrs.out_dtype,
-                ))
-
-        rewriter = _Rewriter(mod)
+        rewriter = _PrepackRewriter(mod, lanes)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
                 rewriter.builder_.update_func(gvar, rewriter.visit_expr(func))
-        if not rewritten:
+        if not rewriter.rewritten:
             return mod
         return rewriter.builder_.get()
 
