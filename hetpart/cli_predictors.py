@@ -30,7 +30,7 @@ def _progress_logger(every: int = 10):
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from predictors import sampling
-    from predictors.refine import refine_zoo
+    from predictors.refine import refine_passes
     from predictors.zoo_profile import BestWindowProfiler, profile_zoo
 
     if args.device != "cpu":
@@ -41,12 +41,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     variants = sampling.zoo_variants(include_variants=not args.no_variants, models=args.models or None)
     log.info("profiling %d model variants into %s with a budget of %.1f min", len(variants), db,
              args.budget_minutes)
+    if args.passes < 1:
+        raise PredictorError(f"hetpart profile --passes must be >= 1; found {args.passes}")
+    budget_s = args.budget_minutes * 60.0
     profiler = BestWindowProfiler(args.device, windows=args.windows)
     if args.refine:
-        counts = refine_zoo(db, args.budget_minutes * 60.0, profiler, variants)
-        log.info("refine summary: %s", json.dumps(counts))
+        for k, counts in enumerate(refine_passes(db, budget_s, profiler, args.passes, variants)):
+            log.info("refine pass %d summary: %s", k + 1, json.dumps(counts))
         return 0
-    summary = profile_zoo(db, args.budget_minutes * 60.0, profiler, variants,
+    summary = profile_zoo(db, budget_s, profiler, variants,
                           synthetic=not args.no_synthetic, max_synthetic=args.max_synthetic,
                           retest_count=args.retests, progress=_progress_logger())
     log.info("profile summary: %s", json.dumps(summary.__dict__))
@@ -54,6 +57,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         log.error("profiling stopped early: the machine stayed slower than this database's reference (see the warning "
                   "above); nothing measured since is comparable. Exit status 3.")
         return 3
+    if args.passes > 1 and summary.kernels_not_started == 0:
+        for k, counts in enumerate(refine_passes(db, budget_s - summary.elapsed_s, profiler, args.passes - 1,
+                                                 variants)):
+            log.info("pass %d of %d (refine) summary: %s", k + 2, args.passes, json.dumps(counts))
     return 0
 
 
@@ -102,11 +109,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-synthetic", action="store_true", help="skip the synthetic variations")
     p.add_argument("--max-synthetic", type=int, default=600, help="most synthetic workloads to consider")
     p.add_argument("--retests", type=int, default=40, help="kernels to measure twice (noise floor)")
-    p.add_argument("--refine", action="store_true", help="measure the stored zoo kernels and models again and "
-                   "keep the lower (canary-normalised) median: contention only adds time. Run when the machine "
-                   "is quiet; it refuses to start when the host runs faster than the database's reference")
-    p.add_argument("--windows", type=int, default=3, help="timing windows per kernel / model; the least "
-                   "contended (lowest median) is kept")
+    p.add_argument("--refine", action="store_true", help="only time the stored kernels (zoo and synthetic) and "
+                   "models again, --passes times, keeping the lower (canary-normalised) median: contention only adds "
+                   "time. It refuses to start when the host runs faster than the database's reference")
+    p.add_argument("--passes", type=int, default=3, help="how often each kernel and model is timed, in separate "
+                   "sweeps over all of them, keeping the lowest median; the first measures, the others refine, "
+                   "while the budget lasts (this host has slow spells of seconds that the canary cannot see; "
+                   "see benchmarks/results/host_spells.md)")
+    p.add_argument("--windows", type=int, default=1, help="timing windows per kernel / model within a pass, back "
+                   "to back; the least contended (lowest median) is kept")
     p.set_defaults(func=cmd_profile)
 
     p = subparsers.add_parser("fit", help="fit a latency predictor from a profile database (JSON, no pickles)")

@@ -36,7 +36,8 @@ from predictors.kernel_mapping import map_kernels
 from predictors.model_db import ModelDatabase
 from predictors.profiler import KernelProfiler
 from predictors.store import CANARY_TRUST, Measurement, ProfileStore, normalise_latency
-from predictors.zoo_profile import current_marker_suffix, import_variant, measure_model
+from predictors.zoo_profile import (current_marker_suffix, import_variant, measure_model, model_windows,
+                                   release_memory)
 
 logger = logging.getLogger(__name__)
 
@@ -89,16 +90,21 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
                 if w.key_hash not in seen and w.key_hash in stored and left() > 0:
                     counts["kernels"] += 1
                     counts["kernels_lowered"] += remeasure(w)
-            if record.model_median_us is not None and left() > 0:
-                median, spread, canary, _ = measure_model(mod, profiler, getattr(profiler, "windows", 3))
+            if left() > 0:         # a model no clean window has timed yet gets its first latency here
+                median, spread, canary, clean = measure_model(mod, profiler, model_windows(profiler))
                 counts["models"] += 1
-                if _lower(median, canary, record.model_median_us, record.canary_us, reference):
+                if (clean and record.model_median_us is None) or (record.model_median_us is not None and _lower(
+                        median, canary, record.model_median_us, record.canary_us, reference)):
                     models.set_model_latency(variant.name, *ident, median, spread, canary, profiler.session_id)
                     counts["models_lowered"] += 1
+            del mod, kernels
+            release_memory()
             logger.info("refined %s: %s", variant.name, counts)
-        for spec in stored_synthetic_specs(models, known.values(), ident):
+        for k, spec in enumerate(stored_synthetic_specs(models, known.values(), ident)):
             if left() <= 0:
                 break
+            if k % 50 == 49:
+                release_memory()
             for w in map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler).workloads:
                 if w.key_hash not in seen and w.key_hash in stored and left() > 0:
                     counts["synthetic_kernels"] += 1
@@ -107,6 +113,25 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
         models.record_run(profiler.session_id, profiler.device, budget_s, time.monotonic() - start,
                           {"refine": counts})
     return counts
+
+
+def refine_passes(db_path: str | Path, budget_s: float, profiler: KernelProfiler, passes: int,
+                  variants: Sequence[sampling.ModelVariant] | None = None,
+                  load_module: Callable[[sampling.ModelVariant], Any] = import_variant) -> list[dict[str, int]]:
+    """Up to ``passes`` :func:`refine_zoo` sweeps within ``budget_s``, each recorded as its own session
+    (``<session id>.pass<k>``), so the noise floors see every sweep as a separate re-measurement."""
+    start, base, done = time.monotonic(), profiler.session_id, []
+    try:
+        for k in range(max(0, passes)):
+            left = budget_s - (time.monotonic() - start)
+            if left <= 0:
+                logger.info("the budget ended after %d of %d refine passes", k, passes)
+                break
+            profiler.session_id = f"{base}.pass{k + 1}"
+            done.append(refine_zoo(db_path, left, profiler, variants, load_module))
+    finally:
+        profiler.session_id = base
+    return done
 
 
 def stored_synthetic_specs(models: ModelDatabase, records: Iterable[Any], ident: tuple[str, str, str]

@@ -2,7 +2,9 @@
 
 Kernels and their features come from :func:`predictors.kernel_mapping.map_kernels` (deployment kernels paired
 with the kernel-graph nodes a CostTable is built on). Timing uses :class:`BestWindowProfiler`, which keeps the
-least contended of several windows on a shared machine.
+least contended of several back-to-back windows on a shared machine. Windows a second apart share the host's slow
+spells (``benchmarks/results/host_spells.md``), so ``hetpart profile`` follows this campaign with refine passes
+(:func:`predictors.refine.refine_passes`) that time every kernel again minutes later and keep the lower median.
 
 :func:`profile_zoo` runs the whole campaign under one time budget, resumably (the store skips what is measured):
 
@@ -19,7 +21,9 @@ least contended of several windows on a shared machine.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -110,6 +114,13 @@ def model_inputs(mod: Any, dev: Any, seed: int = 0) -> list[Any]:
     return args
 
 
+def model_windows(profiler: KernelProfiler) -> int:
+    """Windows to time a whole model in: the profiler's, but at least 3. A model's window lasts 0.1-1 s between
+    its canaries, long enough that one canary often catches a spell: with one window, 12 of 23 zoo models had no
+    clean window in a run (and got no latency)."""
+    return max(3, int(getattr(profiler, "windows", 1)))
+
+
 def measure_model(mod: Any, profiler: KernelProfiler, windows: int = 3) -> tuple[float, float, float, bool]:
     """(median µs, spread, canary µs, clean) of the whole model compiled with the deployment pipeline.
 
@@ -161,6 +172,21 @@ class ZooProfileSummary:
 
 
 Progress = Callable[[str, int, int, str], None]     # (phase, done, total, item)
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    Importing a zoo model fragments glibc's heap: each ResNet-50 import left ~250 MB of freed memory the process
+    kept (1.05 -> 1.2 GB over three imports; 0.61 GB each time after a trim). A three-pass profile imports every
+    variant three times and was killed by the OOM killer at 24 GB in its third pass; trimming after each variant
+    keeps it flat.
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):      # not glibc: nothing to trim
+        pass
 
 
 def import_variant(variant: sampling.ModelVariant) -> Any:
@@ -218,6 +244,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
             summary.features_repaired += repair_features(store, kernels, stored)
             if variant.tier == sampling.TIER_ZOO_DEFAULT:
                 seeds += list(kernels.graph.nodes)
+            release_memory()
             if progress is not None:
                 progress("extract", k + 1, len(variants), variant.name)
         ordered = sampling.prioritise(candidates)
@@ -249,10 +276,12 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 continue
             try:
                 median, spread, canary, clean = measure_model(load_module(by_name[record.name]), profiler,
-                                                              getattr(profiler, "windows", 3))
+                                                              model_windows(profiler))
             except (HetpartError, RuntimeError) as exc:   # TVM build/run failures are RuntimeErrors
                 logger.warning("whole-model timing of %s failed: %s", record.name, exc)
                 continue
+            finally:
+                release_memory()
             if not clean:          # not stored: the next run times it again
                 logger.warning("whole-model timing of %s: every window was contended (canary %.1f us); not stored",
                                record.name, canary)
@@ -303,6 +332,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 summary.kernels_skipped += run.skipped
                 summary.kernels_not_started += run.not_started
                 summary.stopped_contended |= run.stopped_contended
+                release_memory()
                 # a spec is done when each of its kernels has a final row; noisy or unstarted ones: next run
                 models.mark_synthetic_done({spec: keys for spec, keys in keys_of_spec.items() if all(
                     store.has(k, *ident, statuses=("ok", "failed")) for k in keys)}, *ident)

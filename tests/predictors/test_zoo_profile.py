@@ -374,6 +374,33 @@ def test_profile_campaign_is_resumable_and_records_models_retests_and_synthetic_
 
 
 @pytest.mark.tvm
+def test_refine_passes_are_separate_sessions_within_the_budget(tmp_path):
+    from predictors import sampling
+    from predictors.refine import refine_passes
+    from predictors.training import load_training_data, noise_floor_of
+    from predictors.zoo_profile import profile_zoo
+
+    CountingProfiler = _counting_profiler()
+    db = tmp_path / "zoo.sqlite"
+    variants = [sampling.ModelVariant("tiny_cnn", 1, 16, "tiny", 0)]
+    profiler = CountingProfiler(session_id="run1")
+    profile_zoo(db, budget_s=600, profiler=profiler, variants=variants, max_synthetic=3, retest_count=0,
+                load_module=tiny_cnn)
+    n_kernels = len(ProfileStore(db).measurements())
+    with sqlite3.connect(db) as conn:         # as if no window of the first pass was clean for the whole model
+        conn.execute("UPDATE hetpart_model_variants SET model_median_us = NULL, canary_us = NULL")
+    assert refine_passes(db, 0.0, profiler, 2, variants, load_module=tiny_cnn) == []       # no budget: no pass
+    passes = refine_passes(db, 600, profiler, 2, variants, load_module=tiny_cnn)
+    assert [c["kernels"] + c["synthetic_kernels"] for c in passes] == [n_kernels, n_kernels]
+    assert [c["models_lowered"] for c in passes] == [1, 0]                 # the first pass times the model
+    assert ModelDatabase(db).variants()[0].model_median_us == pytest.approx(50.0)
+    assert profiler.session_id == "run1"                                    # restored after the passes
+    data = load_training_data(db)
+    assert sorted({session for *_, session in data.retests}) == ["run1.pass1", "run1.pass2"]
+    floor = noise_floor_of(data)                                            # identical timings in both passes
+    assert floor["between_sessions"]["n_kernels"] == n_kernels and floor["between_sessions"]["mape"] == 0.0
+
+@pytest.mark.tvm
 def test_a_new_pipeline_version_refreshes_stored_features_without_measuring_again(tmp_path, monkeypatch):
     """After an extractor or CPU-rule change, a rerun extracts every variant and synthetic spec again, rewrites
     features that changed (keeping their timings) and measures only kernels whose key changed (none here)."""
