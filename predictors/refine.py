@@ -14,10 +14,11 @@ since memory-bound kernels moved ~20% when the compute-bound canary moved 13%. S
 of one database and made every predictor figure worse; the fix is a new database measured in one regime.
 
 Synthetic kernels are refined too, after the zoo's (they are the bulk of the training set). A kernel's windows are
-timed back to back, so a slow spell of the host lasting seconds reaches all of them, and the canary does not always
-see it: in profiles_session5b every synthetic 1x1 convolution timed in the 7 s from 11:25:58 was 1.33-1.47x slower
-than when timed again in one later sitting (spreads under 3%, canaries at the reference), while neighbours timed
-minutes apart agreed within 16%. A second pass in another window is what catches such spells.
+timed back to back, so one slow spell of the host reaches all of them, and the canary does not see it: this host has
+spells of seconds to minutes in which memory-heavy kernels run 1.2-1.5x slower while the L2-resident canary does not
+move (``benchmarks/results/host_spells.md``). In profiles_session5b every synthetic 1x1 convolution timed in the 7 s
+from 11:25:58 was 1.33-1.47x slower than when re-timed in a later sitting (spreads under 3%, canaries at the
+reference). Only passes minutes apart are independent samples; :func:`refine_passes` runs several.
 """
 from __future__ import annotations
 
