@@ -131,7 +131,7 @@ def fuse_for_deployment(mod: tvm.IRModule, target: tvm.target.Target, pipeline: 
         pipeline(mod)
     fused = snapshots.get("pre_lower", snapshots.get("fuse_tir"))
     # The instrument outlives this call (TVM's side keeps it alive), and with it this dict: without the clear, every
-    # call leaked the snapshots and their weight constants (675 MB per VGG-16 import).
+    # call leaked the snapshots and their weight constants (615 MB per VGG-16 extraction).
     snapshots.clear()
     if fused is None:
         raise BuildError("the deployment pipeline ran no FuseTIR pass, so fused kernels cannot be profiled; "

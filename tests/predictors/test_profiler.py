@@ -77,6 +77,15 @@ def test_kernels_of_module_gives_the_fused_kernels(kernels, by_kind):
     assert [k.key_hash for k in again] == [k.key_hash for k in kernels], "keys must be deterministic"
 
 
+def test_kernels_of_module_does_not_keep_the_weights_alive():
+    """fuse_for_deployment's pass instrument outlives the call (TVM keeps it), and with it the module snapshots it
+    took, weights included, unless they are dropped (615 MB per VGG-16 extraction)."""
+    from tests.memory import big_weight_module, growth_mb
+
+    kept_mb = growth_mb(lambda: kernels_of_module(big_weight_module()), warmup=1, repeats=3)
+    assert kept_mb < 80, f"three extractions of a 70 MB module's kernels kept {kept_mb:.0f} MB"
+
+
 def test_workload_keys_are_stable_across_processes(kernels):
     """A resumed profiling run (a new process) must recognise what an earlier process measured."""
     code = ("import sys; sys.path.insert(0, %r); from test_profiler import conv_add_relu_model; "

@@ -143,44 +143,18 @@ def test_call_tir_counts_only_its_constant_operands_as_parameters():
     assert conv.param_bytes == 8 * 8 * 4
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096 / 1e6
-
 
 def test_extraction_and_weight_prepacking_do_not_keep_the_weights_alive():
     """Both used to make a TVM mutator class per call; TVM keeps such classes alive, and with them what their
     methods closed over: the legalized module (extraction) or the rewritten convs (prepacking), weights included.
-    A three-pass profile grew to 24 GB that way."""
-    import tvm
-    from tvm import relax
-
-    from predictors.zoo_profile import release_memory
+    A three-pass profile grew to 24 GB that way. A leak of either kind keeps >= 4 x 32 MB here (285 / 151 MB)."""
+    from tests.memory import big_weight_module, growth_mb
     from tvm_passes.schedules.layout import prepack_conv_weights
 
-    def module():      # 38 MB conv weight + 32 MB matmul weight, fresh constants each call
-        rng = np.random.default_rng(0)
-        bb = relax.BlockBuilder()
-        x = relax.Var("x", relax.TensorType([1, 1024, 4, 4], "float32"))
-        with bb.function("main", [x]):
-            with bb.dataflow():
-                w = relax.const(rng.standard_normal((1024, 1024, 3, 3)).astype("float32"))
-                y = bb.emit(relax.op.nn.conv2d(x, w, padding=1))
-                y = bb.emit(relax.op.reshape(y, [8, 2048]))
-                y = bb.emit_output(relax.op.matmul(y, relax.const(rng.standard_normal((2048, 4096)).astype("float32"))))
-            bb.emit_func_output(y)
-        return bb.get()
-
-    def once() -> None:
-        mod = module()
+    def step() -> None:
+        mod = big_weight_module()
         extract_op_graph(mod, name="leak")
         prepack_conv_weights(16)(mod)
-        release_memory()
 
-    once()
-    once()
-    before = _rss_mb()
-    for _ in range(4):
-        once()
-    grown_mb = _rss_mb() - before          # a leak of either kind keeps >= 4 x 32 MB
-    assert grown_mb < 100, f"four extractions + prepackings of a 70 MB module kept {grown_mb:.0f} MB"
+    kept_mb = growth_mb(step)
+    assert kept_mb < 100, f"four extractions + prepackings of a 70 MB module kept {kept_mb:.0f} MB"
