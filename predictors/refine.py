@@ -34,7 +34,7 @@ from hetpart.errors import HostRegimeError
 
 from predictors import sampling
 from predictors.kernel_mapping import map_kernels
-from predictors.model_db import ModelDatabase
+from predictors.model_db import ModelDatabase, ModelVariantRecord
 from predictors.profiler import KernelProfiler
 from predictors.store import CANARY_TRUST, Measurement, ProfileStore, normalise_latency
 from predictors.zoo_profile import (current_marker_suffix, import_variant, measure_model, model_windows,
@@ -135,8 +135,8 @@ def refine_passes(db_path: str | Path, budget_s: float, profiler: KernelProfiler
     return done
 
 
-def stored_synthetic_specs(models: ModelDatabase, records: Iterable[Any], ident: tuple[str, str, str]
-                           ) -> list[sampling.SyntheticSpec]:
+def stored_synthetic_specs(models: ModelDatabase, records: Iterable[ModelVariantRecord],
+                           ident: tuple[str, str, str]) -> list[sampling.SyntheticSpec]:
     """The synthetic specs whose kernels the database holds under the current pipeline and sampling, rebuilt from
     its default-tier zoo variants (the seeds :func:`~predictors.zoo_profile.profile_zoo` used), by name."""
     seeds = [node for r in records if r.tier == sampling.TIER_ZOO_DEFAULT for node in r.graph.nodes]
