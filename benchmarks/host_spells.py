@@ -29,6 +29,7 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 from predictors import sampling  # noqa: E402
 from predictors.kernel_mapping import map_kernels  # noqa: E402
 from predictors.profiler import KernelProfiler  # noqa: E402
+from predictors.workloads import canary_workload  # noqa: E402
 
 PROBES = {
     "conv1x1_112to128_56px": ("conv2d", dict(n=1, ci=112, co=128, hw=56, k=1, stride=1)),
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "host_spells")
     args = parser.parse_args()
     profiler = KernelProfiler("cpu")
-    kernels = {"canary_matmul_256": profiler.compile(profiler._canary)}
+    kernels = {"canary_matmul_256": profiler.compile(canary_workload(256, profiler.tvm_target))}
     for name, (op, params) in PROBES.items():
         spec = sampling.SyntheticSpec.of(op, **params)
         workloads = map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler).workloads

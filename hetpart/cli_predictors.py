@@ -57,7 +57,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         log.error("profiling stopped early: the machine stayed slower than this database's reference (see the warning "
                   "above); nothing measured since is comparable. Exit status 3.")
         return 3
-    if args.passes > 1 and summary.kernels_not_started == 0:
+    if args.passes > 1 and summary.kernels_not_started:
+        log.warning("the budget ran out before every kernel was measured once, so no refine pass ran; rerun to "
+                    "finish (nothing measured is lost), then `hetpart profile --refine`")
+    elif args.passes > 1:
         for k, counts in enumerate(refine_passes(db, budget_s - summary.elapsed_s, profiler, args.passes - 1,
                                                  variants)):
             log.info("pass %d of %d (refine) summary: %s", k + 2, args.passes, json.dumps(counts))
@@ -114,7 +117,7 @@ def register(subparsers: Any) -> None:
                    "time. It refuses to start when the host runs faster than the database's reference")
     p.add_argument("--passes", type=int, default=3, help="how often each kernel and model is timed, in separate "
                    "sweeps over all of them, keeping the lowest median; the first measures, the others refine, "
-                   "while the budget lasts (this host has slow spells of seconds that the canary cannot see; "
+                   "while the budget lasts (this host has slow spells of seconds to minutes that the canary cannot see; "
                    "see benchmarks/results/host_spells.md)")
     p.add_argument("--windows", type=int, default=1, help="timing windows per kernel / model within a pass, back "
                    "to back; the least contended (lowest median) is kept")

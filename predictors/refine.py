@@ -94,8 +94,8 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
             if left() > 0:         # a model no clean window has timed yet gets its first latency here
                 median, spread, canary, clean = measure_model(mod, profiler, model_windows(profiler))
                 counts["models"] += 1
-                if (clean and record.model_median_us is None) or (record.model_median_us is not None and _lower(
-                        median, canary, record.model_median_us, record.canary_us, reference)):
+                if clean if record.model_median_us is None else _lower(median, canary, record.model_median_us,
+                                                                       record.canary_us, reference):
                     models.set_model_latency(variant.name, *ident, median, spread, canary, profiler.session_id)
                     counts["models_lowered"] += 1
             del mod, kernels
