@@ -138,8 +138,8 @@ def refine_passes(db_path: str | Path, budget_s: float, profiler: KernelProfiler
 def stored_synthetic_specs(models: ModelDatabase, records: Iterable[ModelVariantRecord],
                            ident: tuple[str, str, str]) -> list[sampling.SyntheticSpec]:
     """The synthetic specs whose kernels the database holds under the current pipeline and sampling, rebuilt from
-    its default-tier zoo variants (the seeds :func:`~predictors.zoo_profile.profile_zoo` used), by name."""
-    seeds = [node for r in records if r.tier == sampling.TIER_ZOO_DEFAULT for node in r.graph.nodes]
+    its zoo variants (the seeds :func:`~predictors.zoo_profile.profile_zoo` used), by name."""
+    seeds = [node for r in records for node in r.graph.nodes]
     done = set(models.synthetic_done(*ident))
     every = sampling.synthetic_specs(seeds, max_specs=sys.maxsize)
     return [spec for spec in every if f"{spec.name}{current_marker_suffix()}" in done]

@@ -6,9 +6,10 @@ Sources of workloads, in tiers (lower tiers are measured first):
 * tier 1 -- the zoo at other batch sizes / image sizes / sequence lengths (:data:`ZOO_VARIANTS`);
 * tier 2 -- synthetic single-kernel Relax modules (conv2d+bias+relu, depthwise conv+bias+clip, matmul+bias,
   max-pool, add+relu, ``t`` sigmoid/tanh/erf gates of one input multiplied together as in RNN cells and GELU,
-  layer norm) whose parameters are varied *around* the geometries seen in the zoo: channels, spatial
+  layer norm) whose parameters are varied *around* the geometries seen in tiers 0 and 1: channels, spatial
   size, window, stride, groups, batch, rows/columns and chain length (:func:`synthetic_specs`), so the fitted
-  models see neighbours of the kernels they will be asked about, not only the kernels themselves.
+  models see neighbours of the kernels they will be asked about, not only the kernels themselves. Tier-1 seeds
+  matter: a batch-4 transformer or RNN puts 4x the rows of any batch-1 kernel into its matmuls.
 
 Synthetic modules go through exactly the same path as the zoo models (``predictors.zoo_profile``): features from
 ``tvm_passes.extract``'s kernel graph, kernels from the deployment pipeline. :func:`prioritise` dedupes
@@ -185,11 +186,12 @@ def gate_op_count(node: OpNode) -> int:
     return sum(m in _GATE_SEED_OPS for m in member_ops(node))
 
 
-def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 600, seed: int = 0) -> list[SyntheticSpec]:
+def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 1200, seed: int = 0) -> list[SyntheticSpec]:
     """Variations around the zoo's conv / matmul / pool kernels, one parameter changed at a time.
 
-    ``zoo_nodes``: kernel-level nodes of the zoo models (their kinds and geometry seed the variations). At most
-    ``max_specs`` specs, sampled uniformly (seeded) when there are more, always deduped.
+    ``zoo_nodes``: kernel-level nodes of the zoo models at every batch and size (their kinds and geometry seed the
+    variations). At most ``max_specs`` specs, shared out among the ops by :func:`balanced_subsample` when there
+    are more, always deduped.
     """
     from predictors.features import feature_vector, kernel_kind
 
@@ -254,10 +256,28 @@ def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 600, seed: int
             n4, c4, h4, _ = node.output_shapes[0]
             for c in _near(int(c4), (0.5, 2.0)):
                 add("add_relu", n=int(n4), c=c, hw=int(h4))
-    ordered = sorted(specs, key=lambda s: s.name)
-    if len(ordered) > max_specs:
-        ordered = sorted(random.Random(seed).sample(ordered, max_specs), key=lambda s: s.name)
-    return ordered
+    return balanced_subsample(specs, max_specs, seed)
+
+
+def balanced_subsample(specs: Iterable[SyntheticSpec], max_specs: int, seed: int = 0) -> list[SyntheticSpec]:
+    """At most ``max_specs`` of ``specs``, sorted by name, shared out equally among their ops (water-filling).
+
+    An op with fewer specs than its share keeps them all and leaves the rest to the others, so the op with the
+    most variations (conv2d: thousands) cannot crowd out the few matmul or gate variations, as a uniform sample
+    did. Within an op the sample is seeded, so the same specs are chosen on every run.
+    """
+    if max_specs < 0:
+        raise PredictorError(f"max_specs must be >= 0; found {max_specs}")
+    by_op: dict[str, list[SyntheticSpec]] = {}
+    for spec in sorted(set(specs), key=lambda s: s.name):
+        by_op.setdefault(spec.op, []).append(spec)
+    quota, left = {}, max_specs
+    for k, op in enumerate(sorted(by_op, key=lambda o: (len(by_op[o]), o))):   # smallest first
+        quota[op] = min(len(by_op[op]), left // (len(by_op) - k))
+        left -= quota[op]
+    chosen = [spec for op, group in by_op.items()
+              for spec in (group if quota[op] == len(group) else random.Random(f"{seed}:{op}").sample(group, quota[op]))]
+    return sorted(chosen, key=lambda s: s.name)
 
 
 # ---------------------------------------------------------------------------------------------- ordering

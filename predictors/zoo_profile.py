@@ -197,7 +197,7 @@ def import_variant(variant: sampling.ModelVariant) -> Any:
 
 def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler | None = None,
                 variants: Sequence[sampling.ModelVariant] | None = None, synthetic: bool = True,
-                max_synthetic: int = 600, zoo_budget_share: float = 0.6, retest_count: int = 40,
+                max_synthetic: int = 1200, zoo_budget_share: float = 0.6, retest_count: int = 40,
                 synthetic_chunk: int = 24, progress: Progress | None = None,
                 load_module: Callable[[sampling.ModelVariant], Any] = import_variant) -> ZooProfileSummary:
     """The profiling campaign of the module docstring; safe to kill and rerun (nothing is measured twice).
@@ -227,8 +227,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
             if current and all(key == "" or (key in stored and stored[key].status != "rejected_noisy")
                                for key in record.node_keys):
                 summary.skipped_extraction += 1       # every kernel measured: nothing to extract again
-                if variant.tier == sampling.TIER_ZOO_DEFAULT:
-                    seeds += list(record.graph.nodes)
+                seeds += list(record.graph.nodes)
                 continue
             try:
                 kernels = map_kernels(load_module(variant), variant.name, profiler)
@@ -242,8 +241,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                                kernels.node_keys, profiler.session_id, PIPELINE_VERSION)
             candidates += candidates_of(kernels, variant.tier)
             summary.features_repaired += repair_features(store, kernels, stored)
-            if variant.tier == sampling.TIER_ZOO_DEFAULT:
-                seeds += list(kernels.graph.nodes)
+            seeds += list(kernels.graph.nodes)     # every batch and size: batch 4 puts 4x the rows in a matmul
             release_memory()
             if progress is not None:
                 progress("extract", k + 1, len(variants), variant.name)

@@ -70,6 +70,22 @@ def test_synthetic_specs_vary_one_parameter_around_zoo_kernels_and_dedupe():
     assert few == sampling.synthetic_specs(seeds, max_specs=5, seed=1)    # seeded
 
 
+def test_balanced_subsample_shares_the_budget_equally_among_ops():
+    convs = [SyntheticSpec.of("conv2d", n=1, ci=ci, co=64, hw=56, k=3, stride=1) for ci in range(1, 101)]
+    matmuls = [SyntheticSpec.of("matmul", m=m, k=64, n=64) for m in range(1, 31)]
+    norms = [SyntheticSpec.of("layer_norm", m=m, n=256) for m in range(1, 4)]
+    picked = sampling.balanced_subsample(convs + matmuls + norms + convs[:5], max_specs=60, seed=3)
+    counts = {op: sum(s.op == op for s in picked) for op in ("conv2d", "matmul", "layer_norm")}
+    assert counts == {"layer_norm": 3, "matmul": 28, "conv2d": 29}    # 3 whole, then 57 split between two
+    assert picked == sorted(set(picked), key=lambda s: s.name)
+    assert picked == sampling.balanced_subsample(list(reversed(convs + matmuls + norms)), max_specs=60, seed=3)
+    assert picked != sampling.balanced_subsample(convs + matmuls + norms, max_specs=60, seed=4)
+    assert sampling.balanced_subsample(convs + matmuls + norms, max_specs=1000) == sorted(
+        convs + matmuls + norms, key=lambda s: s.name)
+    with pytest.raises(PredictorError, match="max_specs must be >= 0"):
+        sampling.balanced_subsample(convs, max_specs=-1)
+
+
 def test_rnn_cell_and_layer_norm_kernels_seed_their_own_variations():
     from hetpart.graph import OpNode
 
