@@ -53,8 +53,8 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
     start = time.monotonic()
     left = lambda: budget_s - (time.monotonic() - start)   # noqa: E731
     ident = (profiler.device, profiler.target, profiler.tvm_version)
-    counts = {"kernels": 0, "kernels_lowered": 0, "models": 0, "models_lowered": 0, "variants_skipped": 0,
-              "synthetic_kernels": 0, "synthetic_lowered": 0}
+    counts = {"kernels": 0, "kernels_lowered": 0, "models": 0, "models_lowered": 0, "models_first_timed": 0,
+              "variants_skipped": 0, "synthetic_kernels": 0, "synthetic_lowered": 0}
     with ProfileStore(db_path) as store, ModelDatabase(db_path) as models:
         stored = {m.key_hash: m for m in store.measurements(profiler.device, "ok", profiler.target,
                                                             profiler.tvm_version)}
@@ -94,10 +94,10 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
             if left() > 0:         # a model no clean window has timed yet gets its first latency here
                 median, spread, canary, clean = measure_model(mod, profiler, model_windows(profiler))
                 counts["models"] += 1
-                if clean if record.model_median_us is None else _lower(median, canary, record.model_median_us,
-                                                                       record.canary_us, reference):
+                first = record.model_median_us is None
+                if clean if first else _lower(median, canary, record.model_median_us, record.canary_us, reference):
                     models.set_model_latency(variant.name, *ident, median, spread, canary, profiler.session_id)
-                    counts["models_lowered"] += 1
+                    counts["models_first_timed" if first else "models_lowered"] += 1
             del mod, kernels
             release_memory()
             logger.info("refined %s: %s", variant.name, counts)
@@ -120,7 +120,7 @@ def refine_passes(db_path: str | Path, budget_s: float, profiler: KernelProfiler
                   variants: Sequence[sampling.ModelVariant] | None = None,
                   load_module: Callable[[sampling.ModelVariant], Any] = import_variant) -> list[dict[str, int]]:
     """Up to ``passes`` :func:`refine_zoo` sweeps within ``budget_s``, each recorded as its own session
-    (``<session id>.pass<k>``), so the noise floors see every sweep as a separate re-measurement."""
+    (``<session id>.refine<k>``), so the noise floors see every sweep as a separate re-measurement."""
     start, base, done = time.monotonic(), profiler.session_id, []
     try:
         for k in range(max(0, passes)):
@@ -128,7 +128,7 @@ def refine_passes(db_path: str | Path, budget_s: float, profiler: KernelProfiler
             if left <= 0:
                 logger.info("the budget ended after %d of %d refine passes", k, passes)
                 break
-            profiler.session_id = f"{base}.pass{k + 1}"
+            profiler.session_id = f"{base}.refine{k + 1}"
             done.append(refine_zoo(db_path, left, profiler, variants, load_module))
     finally:
         profiler.session_id = base

@@ -412,11 +412,12 @@ def test_refine_passes_are_separate_sessions_within_the_budget(tmp_path):
     assert refine_passes(db, 0.0, profiler, 2, variants, load_module=tiny_cnn) == []       # no budget: no pass
     passes = refine_passes(db, 600, profiler, 2, variants, load_module=tiny_cnn)
     assert [c["kernels"] + c["synthetic_kernels"] for c in passes] == [n_kernels, n_kernels]
-    assert [c["models_lowered"] for c in passes] == [1, 0]                 # the first pass times the model
+    assert [c["models_first_timed"] for c in passes] == [1, 0]             # the first pass times the model
+    assert [c["models_lowered"] for c in passes] == [0, 0]
     assert ModelDatabase(db).variants()[0].model_median_us == pytest.approx(50.0)
     assert profiler.session_id == "run1"                                    # restored after the passes
     data = load_training_data(db)
-    assert sorted({session for *_, session in data.retests}) == ["run1.pass1", "run1.pass2"]
+    assert sorted({session for *_, session in data.retests}) == ["run1.refine1", "run1.refine2"]
     floor = noise_floor_of(data)                                            # identical timings in both passes
     assert floor["between_sessions"]["n_kernels"] == n_kernels and floor["between_sessions"]["mape"] == 0.0
 
