@@ -6,7 +6,9 @@ each kernel is reported relative to its own timings over the run:
 
 * p10 / p90 relative to the median, and the share of timings > 1.2x the kernel's 10th percentile (its fast level;
   the median itself can sit in the slow mode when the host spends most of a run in it),
-* the correlation of its log ratio with the canary's (whether the canary can flag the spell),
+* the correlation of its log ratio with the canary's (whether the canary can flag the spell) and with the most
+  affected probe's (whether the spells are one host state that moves kernels together, or in opposite directions),
+* each kernel's median ratio to its fast level per 10-second block (how the kernels move together over time),
 * persistence: the chance a slow timing (> 1.2x) of the most affected probe is followed by another slow one, and the
   share of slow timings per 10-second block (spells last seconds, not milliseconds).
 
@@ -76,6 +78,13 @@ def main() -> None:
             "p90": float(np.percentile(r, 90)), "share_slow": float(np.mean(to_fast[:, j] > SLOW)),
             "corr_with_canary": float(np.corrcoef(canary, logs[:, j])[0, 1]) if j else 1.0}
     worst = max(names[1:], key=lambda n: report["kernels"][n]["share_slow"])
+    for j, name in enumerate(names):
+        report["kernels"][name]["corr_with_most_affected"] = float(
+            np.corrcoef(logs[:, names.index(worst)], logs[:, j])[0, 1])
+    block_of = (table[:, 0] // 10).astype(int)
+    report["ratio_to_fast_per_10s_block"] = {
+        name: [float(np.median(to_fast[block_of == b, j])) for b in np.unique(block_of)]
+        for j, name in enumerate(names)}
     slow = to_fast[:, names.index(worst)] > SLOW
     blocks = [float(np.mean(slow[(table[:, 0] >= b) & (table[:, 0] < b + 10)]))
               for b in range(0, int(args.seconds), 10) if np.any((table[:, 0] >= b) & (table[:, 0] < b + 10))]
@@ -87,15 +96,20 @@ def main() -> None:
     lines = [f"# Host slow spells ({len(rows)} rounds in {args.seconds:.0f} s, {profiler.num_threads} threads)", "",
              "Command: `TVM_NUM_THREADS=2 python benchmarks/host_spells.py --seconds "
              f"{args.seconds:.0f}`", "",
-             "| kernel | median µs | p10 / median | p90 / median | share > 1.2x p10 | corr. with canary |",
-             "|---|---|---|---|---|---|"]
+             "| kernel | median µs | p10 / median | p90 / median | share > 1.2x p10 | corr. with canary | "
+             f"corr. with {worst} |", "|---|---|---|---|---|---|---|"]
     for name, k in report["kernels"].items():
         lines.append(f"| {name} | {k['median_us']:.1f} | {k['p10']:.2f} | {k['p90']:.2f} | {k['share_slow']:.2f} | "
-                     f"{k['corr_with_canary']:+.2f} |")
+                     f"{k['corr_with_canary']:+.2f} | {k['corr_with_most_affected']:+.2f} |")
     p = report["persistence"]
     lines += ["", f"Persistence ({p['kernel']}): P(slow) = {p['p_slow']:.2f}, P(slow | previous slow) = "
               f"{p['p_slow_after_slow']:.2f}; share slow per 10-s block: "
-              + ", ".join(f"{b:.2f}" for b in p["share_slow_per_10s_block"])]
+              + ", ".join(f"{b:.2f}" for b in p["share_slow_per_10s_block"]),
+              "", "Median time / fast level per 10-s block:", "",
+              "| kernel | " + " | ".join(f"{10 * b}s" for b in np.unique(block_of)) + " |",
+              "|---|" + "---|" * len(np.unique(block_of))]
+    lines += [f"| {name} | " + " | ".join(f"{v:.2f}" for v in series) + " |"
+              for name, series in report["ratio_to_fast_per_10s_block"].items()]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
