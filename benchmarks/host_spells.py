@@ -86,8 +86,7 @@ def main() -> None:
         name: [float(np.median(to_fast[block_of == b, j])) for b in np.unique(block_of)]
         for j, name in enumerate(names)}
     slow = to_fast[:, names.index(worst)] > SLOW
-    blocks = [float(np.mean(slow[(table[:, 0] >= b) & (table[:, 0] < b + 10)]))
-              for b in range(0, int(args.seconds), 10) if np.any((table[:, 0] >= b) & (table[:, 0] < b + 10))]
+    blocks = [float(np.mean(slow[block_of == b])) for b in np.unique(block_of)]
     report["persistence"] = {"kernel": worst, "p_slow": float(slow.mean()),
                              "p_slow_after_slow": float(slow[1:][slow[:-1]].mean()) if slow[:-1].any() else None,
                              "share_slow_per_10s_block": blocks}
