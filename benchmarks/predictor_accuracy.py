@@ -58,7 +58,8 @@ def logged_runs(paths: list[Path]) -> list[dict[str, Any]]:
 
 def render_markdown(report: dict[str, Any], command: str) -> str:
     lines = [f"# Latency predictors ({report['device']}, TVM {report['tvm_version']})", "",
-             f"Produced by `{command}` on {report.get('host', '?')}; target `{json.dumps(report['target'])}`.", "",
+             f"Produced by `{command}` on {report.get('host', '?')}; target `{json.dumps(report['target'])}`, "
+             f"{report.get('num_threads', '?')} TVM thread(s).", "",
              f"{report['n_model_records']} model variants ({', '.join(report['models'])}), families "
              f"{', '.join(report['families'])}; {report['n_kernel_rows_ok']} distinct kernels with an ok label "
              f"({report['n_synthetic_kernels']} synthetic); row statuses {report['row_statuses']}.", ""]

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from hetpart.errors import ModelLoadError
 from hetpart.graph import OpGraph
+from hetpart.threads import ensure_tvm_threads
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def tuning_database_dir() -> Path:
 
 def _ensure_threads() -> None:
     # TVM uses nproc/2 threads by default (1 on a 2-core machine); use every core unless the user said otherwise
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    ensure_tvm_threads()
 
 
 def resolve_model_path(model: str | Path, *, batch: int | None = None, size: int | None = None,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hetpart.errors import HetpartError
+from hetpart.threads import ensure_tvm_threads
 
 log = logging.getLogger("hetpart")
 
@@ -275,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    ensure_tvm_threads()   # before any subcommand loads TVM: profiles and deployments must use the same count
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)

@@ -73,9 +73,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
     db = args.db or default_db()
     predictor, info = fit_from_db(db, device=args.device, output=args.output)
     ctx = predictor.context
-    log.info("fitted %s predictor on %d kernels in %.1f s (in a model: +%.2f us per kernel, +%.1f us per MB of "
-             "cold weights, +%.1f us per MB of activations beyond %.1f MiB) -> %s", args.device, info["n_kernels"],
-             info["fit_seconds"], ctx.per_kernel_overhead_us, ctx.cold_param_us_per_mb,
+    log.info("fitted %s predictor on %d kernels timed with %s TVM thread(s) in %.1f s (in a model: +%.2f us per "
+             "kernel, +%.1f us per MB of cold weights, +%.1f us per MB of activations beyond %.1f MiB) -> %s",
+             args.device, info["n_kernels"], predictor.num_threads or "?", info["fit_seconds"], ctx.per_kernel_overhead_us, ctx.cold_param_us_per_mb,
              ctx.spilled_activation_us_per_mb, ctx.core_cache_bytes / 2 ** 20, args.output)
     return 0
 
@@ -102,8 +102,10 @@ def register(subparsers: Any) -> None:
     """Add ``profile``, ``fit`` and ``evaluate`` to hetpart's subcommand parser."""
     p = subparsers.add_parser("profile", help="measure kernels of the zoo (+ synthetic variations) into a "
                                               "profile database, resumably, under a time budget",
-                              epilog="Exit status 3: stopped early because every timing window was contended (the "
-                                     "machine runs slower than when the database was made); rerun when quiet.")
+                              epilog="Kernels are timed with TVM_NUM_THREADS threads (default: every core, the count "
+                                     "compiled models run with); one database holds one thread count. Exit status 3: "
+                                     "stopped early because every timing window was contended (the machine runs "
+                                     "slower than when the database was made); rerun when quiet.")
     p.add_argument("--device", default="cpu", help="device to measure (cpu)")
     p.add_argument("--budget-minutes", type=float, required=True, help="wall-clock budget of this run")
     p.add_argument("--db", type=Path, help=f"profile database (default {default_db()})")

@@ -25,6 +25,7 @@ from hetpart.devices import (DEFAULT_GPU_PRESET, DeviceSet, cpu_device, gpu_from
 from hetpart.errors import DegeneratePlanWarning, InvalidPlanError, PredictorError, UnknownDeviceError
 from hetpart.graph import OpGraph
 from hetpart.plan import Plan, Timeline
+from hetpart.threads import deployment_threads
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,13 @@ def load_cpu_predictor(path: str | Path | None = None):
     if not path.exists():
         raise PredictorError(f"no CPU latency predictor at {path}; build one with `hetpart profile --device cpu "
                              "--budget-minutes 30` and `hetpart fit`, or pass --cpu-predictor FILE")
-    return DevicePredictor.load(path)
+    predictor = DevicePredictor.load(path)
+    threads = deployment_threads()
+    if predictor.num_threads and predictor.num_threads != threads:
+        log.warning("the CPU predictor %s was fitted on kernels timed with %d TVM thread(s); this deployment runs %d "
+                    "(TVM_NUM_THREADS): its CPU costs are off by the difference. Profile and fit with the "
+                    "deployment's TVM_NUM_THREADS.", path, predictor.num_threads, threads)
+    return predictor
 
 
 def expand_plan(plan: Plan, kernels: OpGraph, ops: OpGraph) -> Plan:

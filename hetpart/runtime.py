@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from hetpart.errors import BuildError, InputMismatchError, SchemaError
+from hetpart.threads import ensure_tvm_threads
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ class CompiledRuntime:
     """A loaded executable; call it with numpy arrays, get a list of numpy arrays back."""
 
     def __init__(self, directory: str | Path):
-        os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+        ensure_tvm_threads()
         import tvm
         from tvm import relax
 

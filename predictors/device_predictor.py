@@ -65,8 +65,9 @@ class DevicePredictor:
 
     def __init__(self, device: str = "cpu", target: Mapping[str, Any] | None = None, tvm_version: str | None = None,
                  degrees: Sequence[int] = (1, 2), alphas: Sequence[float] = (1e-4, 1e-2, 1.0),
-                 min_samples_per_kind: int = 12, exact_lookup: bool = True):
+                 min_samples_per_kind: int = 12, exact_lookup: bool = True, num_threads: int | None = None):
         self.device = device
+        self.num_threads = num_threads      # TVM threads the training kernels ran with (None: not recorded)
         self.target = dict(target or {"kind": "llvm"})
         self.tvm_version = tvm_version if tvm_version is not None else _installed_tvm_version()
         self.degrees, self.alphas = tuple(degrees), tuple(alphas)
@@ -158,7 +159,7 @@ class DevicePredictor:
         ranges = {kind: {name: [float(lo), float(hi)] for name, lo, hi in
                          zip(KIND_FEATURES[kind], m.feature_min_, m.feature_max_)} for kind, m in self.models.items()}
         return {"device": self.device, "target": dict(self.target), "tvm_version": self.tvm_version,
-                "feature_schema_version": FEATURE_SCHEMA_VERSION, "source": self.source,
+                "num_threads": self.num_threads, "feature_schema_version": FEATURE_SCHEMA_VERSION, "source": self.source,
                 "training_ranges": ranges, **self.fit_info}
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,7 +184,7 @@ class DevicePredictor:
                 f"computes schema {FEATURE_SCHEMA_VERSION}. Refit it with `hetpart fit` on the profile database.")
         pred = cls(device=prov.get("device", "cpu"), target=prov.get("target"), tvm_version=prov.get("tvm_version"),
                    degrees=data["degrees"], alphas=data["alphas"], min_samples_per_kind=data["min_samples_per_kind"],
-                   exact_lookup=data["exact_lookup"])
+                   exact_lookup=data["exact_lookup"], num_threads=prov.get("num_threads"))
         pred.measured_us_ = {str(k): float(v) for k, v in data["measured_us"].items()}
         pred.models = {k: PolynomialLatencyModel.from_dict(m) for k, m in data["models"].items()}
         pred.fallback = PolynomialLatencyModel.from_dict(data["fallback"])

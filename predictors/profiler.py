@@ -33,6 +33,7 @@ import tvm
 from tvm import relax
 
 from hetpart.errors import BuildError, PredictorError
+from hetpart.threads import deployment_threads
 from predictors.store import Measurement
 from predictors.workloads import KernelWorkload, canary_workload, deployment_pipeline, target_string
 
@@ -115,6 +116,11 @@ class KernelProfiler:
         self.protocol, self.timer, self.seed = protocol, timer, seed
         self.session_id = session_id or uuid.uuid4().hex[:12]
         self.num_threads = num_threads()
+        wanted = deployment_threads()
+        if self.device == "cpu" and self.num_threads != wanted:
+            logger.warning("TVM's thread pool runs %d thread(s) but hetpart deployments on this machine run %d: "
+                           "these timings will not match compiled models. Set TVM_NUM_THREADS=%d before TVM starts "
+                           "(the hetpart CLI and API do).", self.num_threads, wanted, wanted)
         self.canary_kind = f"matmul_{canary_size}_float32"
         self._canary = canary_workload(canary_size, self.tvm_target)
         self._canary_history: list[float] = []

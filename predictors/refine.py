@@ -56,6 +56,8 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
     counts = {"kernels": 0, "kernels_lowered": 0, "models": 0, "models_lowered": 0, "models_first_timed": 0,
               "variants_skipped": 0, "synthetic_kernels": 0, "synthetic_lowered": 0}
     with ProfileStore(db_path) as store, ModelDatabase(db_path) as models:
+        if getattr(profiler, "num_threads", None):
+            store.check_thread_count(*ident, profiler.num_threads)
         stored = {m.key_hash: m for m in store.measurements(profiler.device, "ok", profiler.target,
                                                             profiler.tvm_version)}
         reference = _check_regime(list(stored.values()), profiler, db_path)

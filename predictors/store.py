@@ -159,6 +159,7 @@ class ProfileStore:
 
     def __init__(self, path: str | Path, busy_timeout_s: float = 60.0) -> None:
         self.path = str(path)
+        self._thread_count_checked: set[tuple[str, str, str, int]] = set()
         try:
             self._conn = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None)
         except sqlite3.Error as exc:
@@ -255,6 +256,7 @@ class ProfileStore:
         A row for the same (key, device, target, TVM version) raises ProfileDatabaseError unless ``replace``.
         """
         m.validate()
+        self.check_thread_count(m.device, m.target, m.tvm_version, m.num_threads)
         values = [getattr(m, c) for c in _COLUMNS]
         values[_COLUMNS.index("samples_us")] = json.dumps(list(m.samples_us))
         values[_COLUMNS.index("features")] = canonical_json(m.features)
@@ -268,6 +270,27 @@ class ProfileStore:
                 f"{m.kernel_name!r} (key {m.key_hash}) is already measured on {m.device} / {m.target} / TVM "
                 f"{m.tvm_version} ({exc}). Fix: skip it (has()) or pass replace=True.") from exc
         return int(cur.lastrowid)
+
+    def thread_counts(self, device: str, target: str, tvm_version: str) -> set[int]:
+        """TVM thread counts the rows of this device, target and TVM version were measured with."""
+        return {int(r[0]) for r in self._conn.execute(
+            "SELECT DISTINCT num_threads FROM measurements WHERE device = ? AND target = ? AND tvm_version = ?",
+            (device, target, tvm_version))}
+
+    def check_thread_count(self, device: str, target: str, tvm_version: str, num_threads: int) -> None:
+        """Raise unless every stored row of this device, target and TVM version was measured with ``num_threads``
+        TVM threads: labels (kept as the lowest of several sessions) must not mix thread counts."""
+        ident = (device, target, tvm_version, int(num_threads))
+        if ident in self._thread_count_checked:
+            return
+        other = sorted(self.thread_counts(device, target, tvm_version) - {int(num_threads)})
+        if other:
+            raise ProfileDatabaseError(
+                f"{self.path!r} holds {device} rows measured with {', '.join(map(str, other))} TVM thread(s); this "
+                f"run measures with {num_threads}. One database must hold one thread count (its labels are "
+                f"compared and replaced across sessions). Fix: set TVM_NUM_THREADS={other[0]} to extend it, or "
+                "profile into a new file with --db.")
+        self._thread_count_checked.add(ident)
 
     def mark_rejected(self, key_hash: str, device: str, target: str, tvm_version: str, reason: str) -> None:
         """Turn an ``ok`` row into ``rejected_noisy`` (e.g. its timing window turned out to be contended)."""

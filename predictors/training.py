@@ -54,6 +54,7 @@ class TrainingData:
     excluded_models: dict[str, str]                 # variant -> why it is not a record
     retests: list[tuple[str, float, float, str]]    # (key hash, median µs, canary µs, session) of re-measurements
     excluded_orphan_rows: int = 0                   # synthetic rows no current spec makes (older samplings)
+    num_threads: int = 0                            # TVM threads every row was measured with
 
     @property
     def zoo_keys(self) -> set[str]:
@@ -86,6 +87,11 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
     target, version = _pick_target(all_rows, device)
     rows = [m for m in all_rows if (m.target, m.tvm_version) == (target, version)]
     ok = [m for m in rows if m.status == "ok" and m.canary_us]
+    threads = sorted({m.num_threads for m in rows})
+    if len(threads) > 1:
+        raise PredictorError(f"{db_path} mixes {device} rows measured with {threads} TVM threads; labels of "
+                             "different thread counts cannot be fitted together. Fix: profile into a new database "
+                             "with one TVM_NUM_THREADS.")
     if not ok:
         raise PredictorError(f"no 'ok' kernel measurements for {device!r} in {db_path}; profile again when the "
                              "machine is quieter (every row was rejected as noisy or failed)")
@@ -133,7 +139,7 @@ def load_training_data(db_path: str | Path, device: str = "cpu") -> TrainingData
     for key in orphans:
         del kernels[key]
     return TrainingData(device, target, version, reference, kernels, raw, excluded, records, model_keys, why_not,
-                        retests, len(orphans))
+                        retests, len(orphans), threads[0] if threads else 0)
 
 
 def _orphan_keys(kernels: Mapping[str, Any], zoo_keys: set[str], current: set[str] | None) -> set[str]:
@@ -186,7 +192,8 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
     data = load_training_data(db_path, device)
     keys = sorted(data.kernels)
     nodes, labels = training_set(data)
-    predictor = DevicePredictor(device=device, target=json.loads(data.target), tvm_version=data.tvm_version)
+    predictor = DevicePredictor(device=device, target=json.loads(data.target), tvm_version=data.tvm_version,
+                                num_threads=data.num_threads or None)
     predictor.fit(nodes, labels)
     if data.records:
         predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()])
@@ -298,7 +305,7 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
         out_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "device": device, "target": json.loads(data.target), "tvm_version": data.tvm_version,
-        "profile_db": str(db_path), "n_model_records": len(data.records), "models": sorted(data.records),
+        "num_threads": data.num_threads, "profile_db": str(db_path), "n_model_records": len(data.records), "models": sorted(data.records),
         "families": sorted({r.family for r in data.records.values()}),
         "n_kernel_rows_ok": len(data.kernels), "n_synthetic_kernels": len(syn_nodes),
         "n_kernel_instances": sum(len(r.nodes) for r in data.records.values()),

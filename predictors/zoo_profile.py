@@ -217,6 +217,8 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
             progress("kernels", done, total, f"{name} {status}")
 
     with ProfileStore(db_path) as store, ModelDatabase(db_path) as models:
+        if getattr(profiler, "num_threads", None):   # fail before compiling anything, not at the first row
+            store.check_thread_count(*ident, profiler.num_threads)
         candidates, seeds = [], []
         stored = {m.key_hash: m for m in store.measurements(device=profiler.device, status=None,
                                                             target=profiler.target, tvm_version=profiler.tvm_version)}

@@ -40,6 +40,24 @@ def test_device_predictor_round_trips_json_exactly(fitted_predictor, tmp_path):
     assert 0 < lo < hi
 
 
+def test_thread_count_survives_json_and_a_mismatched_deployment_is_warned(fitted_predictor, tmp_path, monkeypatch,
+                                                                          caplog):
+    from hetpart.compiler import load_cpu_predictor
+
+    predictor, nodes = fitted_predictor
+    predictor.num_threads = 2
+    predictor.save(tmp_path / "cpu.json")
+    assert DevicePredictor.load(tmp_path / "cpu.json").provenance()["num_threads"] == 2
+    monkeypatch.setenv("TVM_NUM_THREADS", "2")
+    with caplog.at_level("WARNING", logger="hetpart.compiler"):
+        load_cpu_predictor(tmp_path / "cpu.json")
+    assert not caplog.records
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    with caplog.at_level("WARNING", logger="hetpart.compiler"):
+        load_cpu_predictor(tmp_path / "cpu.json")
+    assert "timed with 2 TVM thread(s); this deployment runs 1" in caplog.text
+
+
 def test_measured_kernels_are_predicted_by_their_label_and_others_by_the_models(tmp_path):
     rng = np.random.default_rng(11)
     nodes = list({workload_key(n): n for n in random_kernels(rng, 300, ("conv2d", "matmul", "elementwise"))}.values())

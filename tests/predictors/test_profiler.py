@@ -306,3 +306,16 @@ def test_gpu_kernel_and_pcie_link():
     assert m.status in ("ok", "rejected_noisy") and m.median_us > 0
     fit = measure_link(tvm.cpu(0), tvm.cuda(0), "cpu", "gpu")
     assert fit.link.bandwidth_bytes_per_s > 0
+
+
+def test_a_profiler_whose_thread_pool_differs_from_deployments_warns(monkeypatch, caplog):
+    monkeypatch.setattr("predictors.profiler.deployment_threads", lambda: num_threads() + 1)
+    with caplog.at_level(logging.WARNING, logger="predictors.profiler"):
+        KernelProfiler(canary_size=32)
+    assert f"runs {num_threads()} thread(s) but hetpart deployments on this machine run {num_threads() + 1}" \
+        in caplog.text
+    caplog.clear()
+    monkeypatch.setattr("predictors.profiler.deployment_threads", num_threads)
+    with caplog.at_level(logging.WARNING, logger="predictors.profiler"):
+        KernelProfiler(canary_size=32)
+    assert "thread(s) but hetpart deployments" not in caplog.text

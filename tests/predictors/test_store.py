@@ -110,6 +110,19 @@ def test_duplicate_rows_are_refused_unless_replaced(tmp_path):
         assert [m.median_us for m in store.measurements()] == [70.0]
 
 
+def test_one_database_holds_one_thread_count(tmp_path):
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        store.add(row("a"))
+        store.add(row("b"))
+        with pytest.raises(ProfileDatabaseError, match="measured with 2 TVM thread.*this run measures with 1"):
+            store.add(row("c", num_threads=1))
+        with pytest.raises(ProfileDatabaseError, match="TVM_NUM_THREADS=2"):
+            store.add(row("a", num_threads=1, median_us=20.0), replace=True)   # a refine pass must not mix either
+        store.add(row("c", device="cuda", num_threads=1))     # another device keeps its own count
+        assert store.thread_counts(DEVICE, TARGET, VERSION) == {2}
+        assert sorted(m.kernel_name for m in store.measurements(status=None)) == ["a", "b", "c"]
+
+
 def test_invalid_measurements_are_refused(tmp_path):
     with ProfileStore(tmp_path / "p.sqlite") as store:
         with pytest.raises(ProfileDatabaseError, match="status"):

@@ -1,0 +1,41 @@
+"""How many CPU threads TVM runs with: one policy for every entry point.
+
+TVM sizes its CPU thread pool once, from ``TVM_NUM_THREADS`` when the pool starts, and otherwise uses half the
+logical CPUs -- one thread on this 2-core machine kind. Deployments (``hetpart compile``/``run``, the Python API)
+use every core unless the user set ``TVM_NUM_THREADS``, so profiles must be measured with the same count: a
+profile measured single-threaded ran the zoo's kernels 1.4x to 7x slower than the two-thread deployment (it
+happened once, through ``hetpart profile``, which did not apply this policy).
+
+Only ``os`` is imported: this is safe to call before TVM is loaded, which is when it must be called.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+ENV_VAR = "TVM_NUM_THREADS"
+
+
+def deployment_threads() -> int:
+    """Threads a hetpart deployment on this machine runs TVM with: ``TVM_NUM_THREADS`` if it holds a positive
+    integer, else every logical CPU."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    if value:
+        try:
+            threads = int(value)
+        except ValueError:
+            threads = 0
+        if threads >= 1:
+            return threads
+        logger.warning("%s=%r is not a positive integer; using every core (%d)", ENV_VAR, value, os.cpu_count() or 1)
+    return os.cpu_count() or 1
+
+
+def ensure_tvm_threads() -> int:
+    """Set ``TVM_NUM_THREADS`` to :func:`deployment_threads` (a user's own setting is kept) before TVM starts its
+    thread pool; returns the count. Calling it after the pool started changes nothing in this process."""
+    threads = deployment_threads()
+    os.environ[ENV_VAR] = str(threads)
+    return threads
