@@ -15,6 +15,9 @@ then times them with a protocol made for a noisy shared machine:
   multi-threaded kernel then runs 2-4x slower *with a small spread*, which the spread test cannot see; so the
   kernel is timed again after a pause, up to ``max_windows`` windows, else rejected. The canary of the
   accepted window is stored with each row (:func:`predictors.store.normalise_latency` rescales by it).
+* after the thread pool sat idle (compiling, pausing), the canary is first spun until it runs at its reference
+  speed (at most ``idle_warmup_max_s``): right after a long single-threaded step two-thread kernels can run at
+  one thread's speed for tens of ms, which would otherwise cost a contended window.
 
 :func:`measure_link` times copies between two devices over sizes 4 KB..64 MB and fits
 ``latency_us + bytes / bandwidth`` (a :class:`hetpart.devices.Link` with ``source="measured"``).
@@ -76,6 +79,12 @@ class TimingProtocol:
     max_windows: int = 3
     window_pause_s: float = 0.2
     canary_warmup: int = 3              # canary timings at session start (seed the reference)
+    # After the thread pool sat idle (compiling, pausing) for idle_warmup_after_s, the first parallel runs can take
+    # one thread's time (the canary right after compiling a model's kernels ran 140 us against 70 in most of the
+    # contended windows of a 2-thread profile). Spin the canary, up to idle_warmup_max_s, until it runs at its
+    # reference speed before the window starts, instead of spending a whole window on it.
+    idle_warmup_after_s: float = 0.2
+    idle_warmup_max_s: float = 0.3
 
 
 # (compiled kernel, number, repeat) -> per-call latency of each repeat, in seconds
@@ -124,6 +133,8 @@ class KernelProfiler:
         self.canary_kind = f"matmul_{canary_size}_float32"
         self._canary = canary_workload(canary_size, self.tvm_target)
         self._canary_history: list[float] = []
+        self._last_timed_s: float | None = None      # time.monotonic() after the last timing (None: none yet)
+        self.idle_warmups = 0                         # windows that needed the idle warm-up (spun > 1 call)
         self._session_canaries = 0
         self._seeded = False
         self._compiled: dict[str, CompiledKernel] = {}
@@ -175,7 +186,28 @@ class KernelProfiler:
             attempts.append(TimingStats(samples, number))
             if attempts[-1].spread <= p.remeasure_spread:
                 break
+        self._last_timed_s = time.monotonic()
         return attempts
+
+    def warm_up_after_idle(self) -> int:
+        """Spin the canary until it runs within the contention tolerance of the reference (at most
+        ``idle_warmup_max_s``), if nothing was timed for ``idle_warmup_after_s``; returns the calls spent."""
+        p = self.protocol
+        if self._last_timed_s is None or not self._canary_history or p.idle_warmup_max_s <= 0 \
+                or time.monotonic() - self._last_timed_s < p.idle_warmup_after_s:
+            return 0
+        kernel = self.compile(self._canary)
+        limit_us = (1 + p.contention_tolerance) * self.canary_reference_us
+        number = max(1, math.ceil(p.min_repeat_us / limit_us))
+        start, calls = time.monotonic(), 0
+        while time.monotonic() - start < p.idle_warmup_max_s:
+            calls += 1
+            if float(self.timer(kernel, number, 1)[0]) * 1e6 <= limit_us:
+                break
+        if calls > 1:
+            self.idle_warmups += 1
+        self._last_timed_s = time.monotonic()
+        return calls
 
     def canary_us(self) -> float:
         """Time the canary now (median of its least noisy attempt) and add it to the session's history."""
@@ -222,6 +254,7 @@ class KernelProfiler:
         try:
             kernel = self.compile(workload)
             for window in range(max(1, p.max_windows)):
+                self.warm_up_after_idle()
                 before = self.canary_us()
                 attempts = self.time_kernel(kernel)
                 after = self.canary_us()

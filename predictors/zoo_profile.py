@@ -140,6 +140,7 @@ def measure_model(mod: Any, profiler: KernelProfiler, windows: int = 3) -> tuple
                               compile_s=time.perf_counter() - start)
     results, clean = [], []
     for _ in range(max(1, windows)):
+        profiler.warm_up_after_idle()      # compiling the model left the thread pool idle for seconds
         before = profiler.canary_us()
         best = min(profiler.time_kernel(compiled), key=lambda s: s.spread)
         after = profiler.canary_us()

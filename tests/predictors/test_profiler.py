@@ -1,11 +1,13 @@
 """Kernel profiler: fused-kernel extraction, the re-measure/reject protocol, real timing, the copy link fit."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -319,3 +321,38 @@ def test_a_profiler_whose_thread_pool_differs_from_deployments_warns(monkeypatch
     with caplog.at_level(logging.WARNING, logger="predictors.profiler"):
         KernelProfiler(canary_size=32)
     assert "thread(s) but hetpart deployments" not in caplog.text
+
+
+class ColdAfterIdleTimer(ScriptedTimer):
+    """The canary runs at twice its speed for its first ``cold_calls`` timer calls after ``go_idle()``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.cold_calls, self.warmup_calls = 0, 0
+
+    def go_idle(self, calls: int) -> None:
+        self.cold_calls = calls
+
+    def __call__(self, kernel, number, repeat):
+        if kernel.workload.kind.startswith("matmul") and self.cold_calls:
+            self.cold_calls -= 1
+            self.warmup_calls += repeat == 1
+            if repeat == FAST.probe_runs:
+                self.canary_now = self.canaries_us.pop(0) if self.canaries_us else self.canary_now
+            return [2 * self.canary_now * 1e-6] * repeat
+        return super().__call__(kernel, number, repeat)
+
+
+@pytest.mark.parametrize("warmup_s, windows", [(0.3, 1), (0.0, 2)])
+def test_an_idle_thread_pool_is_warmed_up_before_the_window(by_kind, warmup_s, windows):
+    # Right after a long single-threaded step the canary ran at one thread's speed: without the warm-up the
+    # first window is judged contended and the kernel is timed twice.
+    protocol = dataclasses.replace(FAST, idle_warmup_after_s=0.05, idle_warmup_max_s=warmup_s)
+    timer = ColdAfterIdleTimer(10.0, [SPREAD_2] * 3, canaries_us=(100.0,))
+    profiler = KernelProfiler(protocol=protocol, timer=timer, canary_size=32)
+    assert profiler.measure(by_kind["sum"]).status == "ok" and len(timer.numbers) == 1
+    time.sleep(0.06)
+    timer.go_idle(calls=3)
+    m = profiler.measure(by_kind["sum"])
+    assert m.status == "ok" and len(timer.numbers) == 1 + windows
+    assert (timer.warmup_calls, profiler.idle_warmups) == ((3, 1) if warmup_s else (0, 0))
