@@ -32,11 +32,6 @@ def tuning_database_dir() -> Path:
     return cache_dir() / "tuning"
 
 
-def _ensure_threads() -> None:
-    # TVM uses nproc/2 threads by default (1 on a 2-core machine); use every core unless the user said otherwise
-    ensure_tvm_threads()
-
-
 def resolve_model_path(model: str | Path, *, batch: int | None = None, size: int | None = None,
                        weights: str = "random") -> Path:
     """An existing file path as is; a zoo name (``resnet50``) built (and cached) as an ONNX file."""
@@ -55,7 +50,7 @@ def import_model(model: ModelArg, *, input_shapes: Sequence[str] | Mapping[str, 
                  example_inputs: Sequence[Any] | None = None, batch: int | None = None, size: int | None = None,
                  weights: str = "random"):
     """Resolve ``model`` (zoo name, path, torch module) and import it into Relax (tvm_passes.frontend)."""
-    _ensure_threads()
+    ensure_tvm_threads()
     from tvm_passes.frontend import import_model as _import
 
     if isinstance(model, (str, Path)):
@@ -86,7 +81,7 @@ def analyze(model: ModelArg, *, input_shapes: Sequence[str] | Mapping[str, Seque
 
 def compile(model: ModelArg, **kwargs: Any):
     """Compile ``model`` for a CPU+GPU machine; see :func:`hetpart.compiler.compile` for the options."""
-    _ensure_threads()
+    ensure_tvm_threads()
     from hetpart.compiler import compile as _compile
 
     return _compile(model, **kwargs)
@@ -94,7 +89,7 @@ def compile(model: ModelArg, **kwargs: Any):
 
 def load(directory: str | Path):
     """Load a compiled model directory (``hetpart compile -o DIR``) as a callable."""
-    _ensure_threads()
+    ensure_tvm_threads()
     from hetpart.runtime import load as _load
 
     return _load(directory)

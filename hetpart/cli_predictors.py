@@ -75,8 +75,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     ctx = predictor.context
     log.info("fitted %s predictor on %d kernels timed with %s TVM thread(s) in %.1f s (in a model: +%.2f us per "
              "kernel, +%.1f us per MB of cold weights, +%.1f us per MB of activations beyond %.1f MiB) -> %s",
-             args.device, info["n_kernels"], predictor.num_threads or "?", info["fit_seconds"], ctx.per_kernel_overhead_us, ctx.cold_param_us_per_mb,
-             ctx.spilled_activation_us_per_mb, ctx.core_cache_bytes / 2 ** 20, args.output)
+             args.device, info["n_kernels"], predictor.num_threads or "?", info["fit_seconds"],
+             ctx.per_kernel_overhead_us, ctx.cold_param_us_per_mb, ctx.spilled_activation_us_per_mb, ctx.core_cache_bytes / 2 ** 20, args.output)
     return 0
 
 

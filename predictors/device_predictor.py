@@ -159,8 +159,8 @@ class DevicePredictor:
         ranges = {kind: {name: [float(lo), float(hi)] for name, lo, hi in
                          zip(KIND_FEATURES[kind], m.feature_min_, m.feature_max_)} for kind, m in self.models.items()}
         return {"device": self.device, "target": dict(self.target), "tvm_version": self.tvm_version,
-                "num_threads": self.num_threads, "feature_schema_version": FEATURE_SCHEMA_VERSION, "source": self.source,
-                "training_ranges": ranges, **self.fit_info}
+                "num_threads": self.num_threads, "feature_schema_version": FEATURE_SCHEMA_VERSION,
+                "source": self.source, "training_ranges": ranges, **self.fit_info}
 
     def to_dict(self) -> dict[str, Any]:
         if self.fallback is None:

@@ -305,7 +305,8 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
         out_dir.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "device": device, "target": json.loads(data.target), "tvm_version": data.tvm_version,
-        "num_threads": data.num_threads, "profile_db": str(db_path), "n_model_records": len(data.records), "models": sorted(data.records),
+        "num_threads": data.num_threads, "profile_db": str(db_path), "n_model_records": len(data.records),
+        "models": sorted(data.records),
         "families": sorted({r.family for r in data.records.values()}),
         "n_kernel_rows_ok": len(data.kernels), "n_synthetic_kernels": len(syn_nodes),
         "n_kernel_instances": sum(len(r.nodes) for r in data.records.values()),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hetpart import cli_predictors
-from hetpart.errors import HostRegimeError, ProfileDatabaseError
+from hetpart.errors import HostRegimeError, PredictorError, ProfileDatabaseError
 from hetpart.graph import OpNode
 from predictors.model_db import ModelDatabase
 from predictors.device_predictor import DevicePredictor
@@ -188,6 +188,22 @@ def test_fit_save_load_round_trip_through_the_cli(tmp_path):
     np.testing.assert_allclose(loaded.predict(nodes), fitted.predict(nodes), rtol=1e-9)
     assert loaded.context.per_kernel_overhead_us == pytest.approx(fitted.context.per_kernel_overhead_us)
     assert loaded.context.cold_param_us_per_mb == pytest.approx(fitted.context.cold_param_us_per_mb)
+
+
+def test_fitted_predictor_records_its_thread_count_and_a_mixed_database_is_refused(tmp_path):
+    import sqlite3
+
+    from predictors.training import fit_from_db, load_training_data
+
+    db = tmp_path / "p.sqlite"
+    build_fake_db(db, n_models=2, with_retests=False)
+    threads = load_training_data(db).num_threads
+    assert threads >= 1 and fit_from_db(db)[0].provenance()["num_threads"] == threads
+    with sqlite3.connect(db) as conn:   # a database written before the store refused mixed thread counts
+        conn.execute("UPDATE measurements SET num_threads = ? WHERE id = (SELECT MIN(id) FROM measurements)",
+                     (threads + 1,))
+    with pytest.raises(PredictorError, match="mixes cpu rows measured with"):
+        load_training_data(db)
 
 
 def test_canary_normalisation_and_exclusions_in_training_data(tmp_path):
