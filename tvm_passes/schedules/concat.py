@@ -21,11 +21,10 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import CpuRule, inline_injective_producers, num_cores, static_extents, summarize_blocks
+from .base import CpuRule, inline_injective_producers, num_cores, static_extents, summarize_blocks, vector_lanes
 from .elementwise import MIN_PARALLEL_ELEMENTS
 
 MIN_SEGMENTS = 2
-VECTOR_ELEMENTS = 16        # one AVX-512 vector of float32
 MIN_RUN_ELEMENTS = 128      # a chunk's contiguous run: whole vectors, or at least this long (see _chunks)
 CHUNKS_PER_CORE = 2         # a few chunks per core balance the load without shortening the runs much
 
@@ -68,9 +67,9 @@ def _concat_axis(block: tirx.stmt.SBlock) -> tuple[int, list[tuple[int, int]]] |
     return None
 
 
-def _chunks(inner_extent: int, outer_iterations: int, cores: int) -> int:
-    """Largest useful number of chunks of the inner run: a divisor whose runs are whole vectors or at least
-    MIN_RUN_ELEMENTS long (1 if none).
+def _chunks(inner_extent: int, outer_iterations: int, cores: int, vector_elements: int) -> int:
+    """Largest useful number of chunks of the inner run: a divisor whose runs are whole vectors (of
+    ``vector_elements``, the target's SIMD width for the output dtype) or at least MIN_RUN_ELEMENTS long (1 if none).
 
     Short runs are slow: a 49-element run is 3 vectors plus a scalar tail, while an unchunked plain concat copies
     each input's contiguous segment with one memcpy (LLVM IR of the 14x14 case: 5 memcpy calls unchunked; none,
@@ -83,7 +82,7 @@ def _chunks(inner_extent: int, outer_iterations: int, cores: int) -> int:
     best = 1
     for chunks in range(1, inner_extent + 1):
         run = inner_extent // chunks
-        long_enough = run % VECTOR_ELEMENTS == 0 or run >= MIN_RUN_ELEMENTS
+        long_enough = run % vector_elements == 0 or run >= MIN_RUN_ELEMENTS
         if inner_extent % chunks == 0 and chunks <= wanted and long_enough:
             best = chunks
     return best
@@ -122,7 +121,8 @@ class Concat(CpuRule):
         outer = list(leading)
         if trailing:
             inner = sch.fuse(*trailing) if len(trailing) > 1 else trailing[0]
-            chunks = _chunks(inner_extent, outer_iterations, cores) if total >= MIN_PARALLEL_ELEMENTS else 1
+            lanes = vector_lanes(target, sch.get(block_rv).writes[0].source.dtype.bits)
+            chunks = _chunks(inner_extent, outer_iterations, cores, lanes) if total >= MIN_PARALLEL_ELEMENTS else 1
             if chunks > 1:
                 chunk_loop, inner = sch.split(inner, factors=[chunks, None])
                 outer.append(chunk_loop)

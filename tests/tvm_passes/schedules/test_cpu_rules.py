@@ -260,16 +260,30 @@ def test_concat_rule_partitions_the_axis_and_matches_numpy(target, shapes, axis)
 
 
 def test_concat_chunk_runs_are_whole_vectors_or_long():
-    from tvm_passes.schedules.concat import MIN_RUN_ELEMENTS, VECTOR_ELEMENTS, _chunks
+    from tvm_passes.schedules.concat import MIN_RUN_ELEMENTS, _chunks
 
-    assert _chunks(14 * 14, 1, 2) == 1            # 196: runs of 49 or 98 (49-element runs were 8x slower)
-    assert _chunks(28 * 28, 1, 2) == 4            # 784: runs of 196
-    assert _chunks(56 * 56, 1, 2) == 4            # 3136 = 4 x 49 vectors
-    assert _chunks(64 * 64, 4, 2) == 1            # enough parallel work in the leading axes already
-    for inner in range(16, 5000, 7):
-        chunks = _chunks(inner, 1, 2)
-        run = inner // chunks
-        assert inner % chunks == 0 and (chunks == 1 or run % VECTOR_ELEMENTS == 0 or run >= MIN_RUN_ELEMENTS)
+    assert _chunks(14 * 14, 1, 2, 16) == 1        # 196: runs of 49 or 98 (49-element runs were 8x slower)
+    assert _chunks(28 * 28, 1, 2, 16) == 4        # 784: runs of 196
+    assert _chunks(56 * 56, 1, 2, 16) == 4        # 3136 = 4 x 49 vectors
+    assert _chunks(64 * 64, 4, 2, 16) == 1        # enough parallel work in the leading axes already
+    assert _chunks(224, 1, 2, 16) == 2            # runs of 56 are 3.5 AVX-512 vectors...
+    assert _chunks(224, 1, 2, 8) == 4             # ...but 7 whole AVX2 vectors
+    for lanes in (4, 8, 16):
+        for inner in range(16, 5000, 7):
+            chunks = _chunks(inner, 1, 2, lanes)
+            run = inner // chunks
+            assert inner % chunks == 0 and (chunks == 1 or run % lanes == 0 or run >= MIN_RUN_ELEMENTS)
+
+
+@pytest.mark.parametrize("mcpu, chunks", [("znver5", 2), ("haswell", 4)])
+def test_concat_chunks_follow_the_targets_vector_width(mcpu, chunks):
+    # 224-element rows, 2 cores: AVX-512 (16 lanes) takes 2 chunks of 112, AVX2 (8 lanes) 4 chunks of 56
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu, "num-cores": 2})
+    mod = _module([("a", (1, 64, 224), "float32"), ("b", (1, 64, 224), "float32")],
+                  lambda a, b: relax.op.concat([a, b], axis=1))
+    (func,) = [f for f in _scheduled_funcs(mod, target).values() if f.attrs.get("hetpart.cpu_rule") == "concat"]
+    text = func.script()
+    assert f"T.parallel(T.int64({chunks}))" in text and f"T.int64({224 // chunks})" in text, text
 
 
 def test_concat_rule_leaves_other_injective_kernels_alone(target):
