@@ -72,7 +72,7 @@ def load_cpu_predictor(path: str | Path | None = None):
     path = Path(path or os.environ.get("HETPART_CPU_PREDICTOR") or default_cpu_predictor_path())
     if not path.exists():
         raise PredictorError(f"no CPU latency predictor at {path}; build one with `hetpart profile --device cpu "
-                             "--budget-minutes 30` and `hetpart fit`, or pass --cpu-predictor FILE")
+                             "--budget-minutes 45` and `hetpart fit`, or pass --cpu-predictor FILE")
     predictor = DevicePredictor.load(path)
     threads = deployment_threads()
     if predictor.num_threads and predictor.num_threads != threads:
