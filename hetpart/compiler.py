@@ -119,7 +119,8 @@ class CompiledModel:
 
         return ReportData(graph=self.graph, costs=self.costs, plan=self.plan, timeline=self.timeline,
                           baselines_us=self.baselines_us, why=self.why, op_graph=self.op_graph,
-                          build=self.build.manifest.to_dict(), compile_seconds=self.seconds)
+                          build=self.build.manifest.to_dict(), compile_seconds=self.seconds,
+                          import_notes=tuple(self.source.get("import_notes", ())))
 
     def report(self) -> str:
         """The markdown report (images are referenced by file name, written by :meth:`save`)."""
@@ -253,7 +254,8 @@ def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str
               "name": imported.name, "source_kind": imported.source_kind, "source_hash": imported.source_hash,
               "onnx_path": str(imported.onnx_path) if imported.onnx_path else None,
               "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in imported.inputs],
-              "devices": choice.devices.to_dict(), "method": chosen.method, "emulated": built.manifest.emulated}
+              "devices": choice.devices.to_dict(), "method": chosen.method, "emulated": built.manifest.emulated,
+              "import_notes": list(imported.notes)}
     result = CompiledModel(name=imported.name, op_graph=op_graph, graph=graph, costs=costs, plan=chosen,
                            op_plan=op_plan, timeline=timeline, baselines_us=baselines, build=built, why=why,
                            source=source, seconds=seconds)

@@ -33,6 +33,7 @@ class ReportData:
     op_graph: OpGraph | None = None      # op level (for op counts / FLOPs shares)
     build: Mapping[str, Any] = field(default_factory=dict)   # manifest facts: emulated, build time, notes
     compile_seconds: Mapping[str, float] = field(default_factory=dict)
+    import_notes: Sequence[str] = ()     # what the frontend changed in the graph (e.g. padded matmul columns)
 
 
 def _colour(device: str) -> str:
@@ -144,7 +145,7 @@ def markdown(data: ReportData, images: Mapping[str, str]) -> str:
               f"{s['copy_time_us']:,.1f} µs of link time.", ""]
     if data.compile_seconds:
         lines += ["Compile time: " + ", ".join(f"{k} {v:.1f} s" for k, v in data.compile_seconds.items()), ""]
-    for note in list(data.plan.notes) + list(data.build.get("notes", [])):
+    for note in list(data.import_notes) + list(data.plan.notes) + list(data.build.get("notes", [])):
         lines.append(f"- note: {note}")
     lines += ["", f"![Gantt chart]({images['gantt']})", "", f"![graph coloured by device]({images['graph']})", "",
               "## Per-kernel decisions (why)", "",

@@ -17,6 +17,7 @@ Fused-kernel level
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import re
@@ -354,6 +355,14 @@ def extract_op_graph(mod, *, name: str = "", source_hash: str = "", param_inputs
     extractor.run(op_bindings(func))
     graph = extractor.graph(name, source_hash)
     if with_kernels and graph.nodes:
+        names = collections.Counter(n.name for n in graph.nodes)
+        repeated = sorted(n for n, count in names.items() if count > 1)
+        if repeated:
+            raise InvalidGraphError(
+                f"fused kernels are mapped back to ops by binding name, so every op binding of main needs a "
+                f"unique var name; {len(repeated)} name(s) are bound more than once (e.g. {repeated[:3]}). Fix: "
+                "give the bindings distinct name_hints in the pass that emitted them (BlockBuilder.emit(..., "
+                "name_hint=...)), or extract with with_kernels=False for the op level only.")
         groups = fused_kernel_groups(mod, list(graph.nodes))
         group_of = {i: g.id for g in groups for i in g.op_ids}
         nodes = tuple(OpNode(**{**n.__dict__, "kernel_group": group_of.get(n.id)}) for n in graph.nodes)
