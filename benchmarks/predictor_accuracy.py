@@ -97,6 +97,15 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         kinds = split["polynomial"]["kernel"]["by_kind"]
         lines += ["", "Per kernel kind (polynomial): " + ", ".join(
             f"{kind} MAPE {_pct(v['mape'])} Spearman {_num(v['spearman'])} (n={v['n']})" for kind, v in kinds.items())]
+    misses = report.get("misses_ge_100us")
+    if misses and misses.get("misses"):
+        lines += ["", "## Misses: kernels >= 100 µs outside ±10% (polynomial, leave-one-model-out)", "",
+                  f"{misses['misses']} of {misses['n_kernels_ge_min']} kernel instances ({misses['distinct_kernels']} "
+                  f"distinct kernels). **{misses['label_stable']}** have a *stable* label -- every quiet re-measurement "
+                  f"of the kernel lies within ±10% of it -- so they are errors of the predictor, not of the "
+                  f"measurements; {misses['label_noisy']} have a label that some pass measured more than 10% away.",
+                  "", "Per model: " + ", ".join(f"{k} {v}" for k, v in misses["per_model"].items()) + ". Per kind: "
+                  + ", ".join(f"{k} {v}" for k, v in misses["per_kind"].items()) + "."]
     composed = report.get("model_level_floor", {})
     if composed:
         lines += ["", "## Model-level floor (perfect kernel predictions)", "",

@@ -151,11 +151,15 @@ def default_methods(target: Mapping[str, Any] | None = None) -> dict[str, Callab
 def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, str],
                    methods: Mapping[str, Callable[[], Any]], progress: Progress | None = None,
                    split_name: str = "split") -> dict[str, Any]:
-    """Hold out each group in turn (all models sharing a ``group_of`` value); train every method on the rest."""
+    """Hold out each group in turn (all models sharing a ``group_of`` value); train every method on the rest.
+
+    Per method, ``_points`` holds the held-out kernel instances: (measured, predicted, kind, (model, index of the
+    kernel in the model's record)); callers pop it before serialising."""
     groups = sorted(set(group_of.values()))
     if len(groups) < 2:
         raise PredictorError(f"{split_name}: needs >= 2 groups to hold one out; found {groups}")
-    acc = {name: {"m": [], "p": [], "kind": [], "models": {}, "fit_s": [], "warnings": {}} for name in methods}
+    acc = {name: {"m": [], "p": [], "kind": [], "where": [], "models": {}, "fit_s": [], "warnings": {}}
+           for name in methods}
     for done, held in enumerate(groups):
         test = [n for n in records if group_of[n] == held]
         train = [n for n in records if group_of[n] != held]
@@ -178,6 +182,7 @@ def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, st
                 acc[name]["m"].extend(rec.kernel_latencies_us)
                 acc[name]["p"].extend(pred.tolist())
                 acc[name]["kind"].extend(kernel_kind(node) for node in rec.nodes)
+                acc[name]["where"].extend((n, i) for i in range(len(rec.nodes)))
                 acc[name]["models"][n] = {"measured_us": rec.model_latency_us,
                                           "predicted_us": float(pred.sum() + context.extra_us(rec.nodes).sum()),
                                           "held_out_group": held, "context": context.to_dict()}
@@ -196,7 +201,7 @@ def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, st
                         "fit_seconds": {"mean": float(np.mean(a["fit_s"])), "max": float(np.max(a["fit_s"])),
                                         "n_fits": len(a["fit_s"])},
                         "warnings": dict(a["warnings"]),
-                        "_points": (a["m"], a["p"], a["kind"])}
+                        "_points": (a["m"], a["p"], a["kind"], a["where"])}
     return result
 
 
@@ -263,7 +268,7 @@ def evaluate(dataset: Mapping[str, Any], *, repeats: Sequence[Sequence[float]] |
         if split_name == "leave_one_model_out":
             report["goals_polynomial_lomo"] = check_goals(split["polynomial"])
             if plot_path is not None:
-                m, p, k = points["polynomial"]
+                m, p, k, _ = points["polynomial"]
                 report["plot"] = str(plot_predicted_vs_measured(m, p, k, plot_path,
                                                                  title="polynomial, leave-one-model-out"))
     if repeats is not None:

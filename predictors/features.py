@@ -22,7 +22,7 @@ import numpy as np
 from hetpart.graph import OpNode
 from tvm_passes.tile_plan import conv_prepacks_weights, conv_register_tile
 
-FEATURE_SCHEMA_VERSION = 5
+FEATURE_SCHEMA_VERSION = 6
 # SIMD width (fp32 lanes) assumed by the schedule-derived features when the caller does not give its target's
 # (AVX-512, the machine kind hetpart ships a CPU predictor for); DevicePredictor passes its own target's width.
 DEFAULT_VECTOR_LANES = 16
@@ -261,17 +261,19 @@ def _pow2_divisor(x: float) -> float:
 
 
 def _matmul_geometry(node: OpNode, out_elems: float) -> dict[str, float]:
+    """m (rows, leading dims folded in), n, k and batch of a matmul-anchored kernel.
+
+    From the operands when they are consistent (``A[-1] == B[-2]``): the kernel may end in a slice of the product
+    (``tvm_passes.pad_columns`` computes N padded to whole vectors, then drops the padding), and its schedule runs
+    the operands' N, not the output's. Otherwise from the output shape and the FLOPs."""
     out = node.output_shapes[0] if node.output_shapes else (1,)
-    n = float(out[-1]) if out else 1.0
-    m = max(1.0, out_elems / max(n, 1.0))
     batch = float(np.prod(out[:-2])) if len(out) > 2 else 1.0
+    m = max(1.0, out_elems / max(float(out[-1]) if out else 1.0, 1.0))     # rows: a column slice keeps them
     shapes = node.input_shapes
-    if len(shapes) >= 2 and len(shapes[0]) >= 1 and len(shapes[1]) >= 2 and shapes[0][-1] == shapes[1][-2] \
-            and shapes[1][-1] == n:
-        k = float(shapes[0][-1])
-    else:
-        k = max(1.0, round(node.flops / (2.0 * max(out_elems, 1.0))))
-    return {"m": m, "n": n, "k": k, "batch": batch}
+    if len(shapes) >= 2 and len(shapes[0]) >= 1 and len(shapes[1]) >= 2 and shapes[0][-1] == shapes[1][-2]:
+        return {"m": m, "n": float(shapes[1][-1]), "k": float(shapes[0][-1]), "batch": batch}
+    n = float(out[-1]) if out else 1.0
+    return {"m": m, "n": n, "k": max(1.0, round(node.flops / (2.0 * max(out_elems, 1.0)))), "batch": batch}
 
 
 def _conv_tile(node: OpNode, f: Mapping[str, float], vector_lanes: int) -> tuple[float, float]:

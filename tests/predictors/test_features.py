@@ -55,6 +55,14 @@ def test_matmul_and_pool_geometry():
     assert (p["kernel_area"], p["stride"], p["out_channels"], p["out_height"]) == (9, 2, 16, 13)
 
 
+def test_matmul_geometry_of_a_kernel_that_slices_off_padded_columns():
+    """tvm_passes.pad_columns: the kernel computes 1952 columns and keeps 1950; its schedule runs N = 1952."""
+    node = _node("fused:matmul+add+strided_slice", in_shapes=((35, 1, 650), (650, 1952)),
+                 out_shapes=((35, 1, 1950),), flops=2 * 35 * 650 * 1952 + 35 * 1952)
+    f = feature_vector(node)
+    assert (f["m"], f["n"], f["k"], f["n_alignment"]) == (35, 1952, 650, 32)
+
+
 def test_geometry_falls_back_to_flops_when_operands_belong_to_another_member():
     # first member is permute_dims of the weight: operands do not match the matmul
     mm = _node("fused:permute_dims+matmul+add", in_shapes=((50, 100),), out_shapes=((32, 50),),

@@ -257,6 +257,28 @@ def test_rows_of_an_operator_measured_again_as_a_new_kernel_are_superseded(tmp_p
     assert old.key_hash not in load_training_data(db).kernels
 
 
+def test_miss_analysis_tells_predictor_errors_from_unstable_labels(tmp_path):
+    """A held-out kernel predicted >10% off is a predictor error when every quiet re-measurement of it agrees with
+    its label, and possibly label noise when one does not."""
+    db = tmp_path / "p.sqlite"
+    build_fake_db(db)                                 # model0's kernels re-measured at +2% (s3) and -2% (s4)
+    from predictors.training import load_training_data, miss_analysis
+
+    name = "model0"
+    keys = load_training_data(db).model_keys[name]
+    with ModelDatabase(db) as models:                 # one kernel measured 30% slower in another quiet session
+        models.add_retest(keys[0], "cpu", TARGET, TVM, load_training_data(db).raw[keys[0]].median_us * 1.3, 0.01,
+                          100.0, "s5")
+    data = load_training_data(db)
+    measured = list(data.records[name].kernel_latencies_us)
+    predicted = [y * (1.5 if i < 3 else 1.05) for i, y in enumerate(measured)]
+    out = miss_analysis(data, measured, predicted, [(name, i) for i in range(len(measured))], min_us=0.0)
+    assert (out["misses"], out["label_stable"], out["label_noisy"]) == (3, 2, 1)
+    assert out["per_model"] == {name: 3} and out["n_kernels_ge_min"] == len(measured)
+    assert miss_analysis(data, measured, predicted, [(name, i) for i in range(len(measured))],
+                         min_us=max(measured) + 1)["misses"] == 0
+
+
 def test_evaluate_cli_writes_json_and_png(tmp_path):
     db = tmp_path / "p.sqlite"
     build_fake_db(db)
@@ -276,6 +298,8 @@ def test_evaluate_cli_writes_json_and_png(tmp_path):
     between = report["noise_floor"]["between_sessions"]
     assert between["n_kernels"] == 5 and between["mape"] == pytest.approx((0.04 / 0.98 + 0.04 / 1.02) / 2)
     assert 25 <= report["n_synthetic_kernels"] <= 30
+    assert report["misses_ge_100us"]["label_stable"] + report["misses_ge_100us"]["label_noisy"] \
+        == report["misses_ge_100us"]["misses"]
 
 
 def test_model_database_refuses_a_foreign_file(tmp_path):
