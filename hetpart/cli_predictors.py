@@ -13,7 +13,6 @@ from hetpart.errors import PredictorError
 
 log = logging.getLogger("hetpart")
 
-DEFAULT_PREDICTOR = Path(__file__).resolve().parent.parent / "predictors" / "data" / "cpu_default.json"
 
 
 def default_db() -> Path:
@@ -70,13 +69,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_fit(args: argparse.Namespace) -> int:
     from predictors.training import fit_from_db
 
+    from hetpart.compiler import cpu_predictor_path_for, host_cpu_name
+
     db = args.db or default_db()
-    predictor, info = fit_from_db(db, device=args.device, output=args.output)
+    output = args.output or cpu_predictor_path_for(host_cpu_name())
+    predictor, info = fit_from_db(db, device=args.device, output=output)
     ctx = predictor.context
     log.info("fitted %s predictor on %d kernels timed with %s TVM thread(s) in %.1f s (in a model: +%.2f us per "
              "kernel, +%.1f us per MB of cold weights, +%.1f us per MB of activations beyond %.1f MiB) -> %s",
              args.device, info["n_kernels"], predictor.num_threads or "?", info["fit_seconds"],
-             ctx.per_kernel_overhead_us, ctx.cold_param_us_per_mb, ctx.spilled_activation_us_per_mb, ctx.core_cache_bytes / 2 ** 20, args.output)
+             ctx.per_kernel_overhead_us, ctx.cold_param_us_per_mb, ctx.spilled_activation_us_per_mb, ctx.core_cache_bytes / 2 ** 20, output)
     return 0
 
 
@@ -129,7 +131,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("fit", help="fit a latency predictor from a profile database (JSON, no pickles)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--db", type=Path, help=f"profile database (default {default_db()})")
-    p.add_argument("-o", "--output", type=Path, default=DEFAULT_PREDICTOR, help="predictor JSON to write")
+    p.add_argument("-o", "--output", type=Path, help="predictor JSON to write (default: predictors/data/"
+                   "cpu_<this host's CPU>.json, e.g. cpu_znver4.json, which hetpart compile then uses on this CPU)")
     p.set_defaults(func=cmd_fit)
 
     p = subparsers.add_parser("evaluate", help="honest error report of the predictors (leave-one-model-out, "

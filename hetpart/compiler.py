@@ -61,19 +61,47 @@ def parse_devices(spec: str | Sequence[str]) -> DeviceChoice:
     return DeviceChoice(DeviceSet(tuple(devices), tuple(links)).validate(), preset)
 
 
-def default_cpu_predictor_path() -> Path:
-    return Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
+def host_cpu_name() -> str:
+    """LLVM's name for this host's CPU core (TVM's ``-mcpu``, e.g. ``znver4``): what compiled kernels are tuned
+    for, and so what a CPU predictor's measurements are valid for."""
+    from tvm_passes.schedules.pipeline import default_cpu_target
+
+    return str(default_cpu_target().attrs["mcpu"])
+
+
+def cpu_predictor_path_for(cpu_name: str) -> Path:
+    """predictors/data/cpu_<cpu_name>.json: where ``hetpart fit`` writes, and the loader looks first."""
+    return Path(str(resources.files("predictors") / "data" / f"cpu_{cpu_name}.json"))
+
+
+def default_cpu_predictor_path(cpu_name: str | None = None) -> Path:
+    """The predictor fitted for this host's CPU (``cpu_<mcpu>.json``) if there is one, else ``cpu_default.json``.
+
+    One machine kind is not one CPU here: the same 2-core VMs ran on AMD Zen 5 (znver5) and Zen 4 (znver4) cores,
+    and the canary kernel takes 70 µs on the one and 152 µs on the other, so a predictor is only valid on the CPU
+    it was measured on."""
+    cpu_name = cpu_name if cpu_name is not None else host_cpu_name()
+    matched = cpu_predictor_path_for(cpu_name)
+    return matched if matched.exists() else Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
 
 
 def load_cpu_predictor(path: str | Path | None = None):
-    """The CPU predictor: ``path``, else $HETPART_CPU_PREDICTOR, else the shipped predictors/data one."""
+    """The CPU predictor: ``path``, else $HETPART_CPU_PREDICTOR, else the shipped one for this host's CPU
+    (:func:`default_cpu_predictor_path`). Warns when it was measured on another CPU or thread count."""
     from predictors.device_predictor import DevicePredictor
 
     path = Path(path or os.environ.get("HETPART_CPU_PREDICTOR") or default_cpu_predictor_path())
     if not path.exists():
         raise PredictorError(f"no CPU latency predictor at {path}; build one with `hetpart profile --device cpu "
-                             "--budget-minutes 45` and `hetpart fit`, or pass --cpu-predictor FILE")
+                             "--budget-minutes 60` and `hetpart fit`, or pass --cpu-predictor FILE")
     predictor = DevicePredictor.load(path)
+    fitted_on, host = str(predictor.target.get("mcpu", "")), host_cpu_name()
+    if fitted_on and fitted_on != host:
+        log.warning("the CPU predictor %s was measured on a %s CPU; this host is a %s: its CPU costs can be off by "
+                    "2x (the Zen 5 predictor under-predicted whole models measured on a Zen 4 host 1.4-2.4x, "
+                    "benchmarks/results/predictor_transfer.md). Profile and fit on this host: "
+                    "`hetpart profile --device cpu --budget-minutes 60 && hetpart fit` writes %s, which is then "
+                    "used by default.", path, fitted_on, host, cpu_predictor_path_for(host))
     threads = deployment_threads()
     if predictor.num_threads and predictor.num_threads != threads:
         log.warning("the CPU predictor %s was fitted on kernels timed with %d TVM thread(s); this deployment runs %d "

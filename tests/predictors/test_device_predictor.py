@@ -194,3 +194,50 @@ def test_shipped_cpu_predictor_loads_with_this_feature_schema():
     node = conv_node(0, 1, 64, 64, 56, 3)
     latency_us = float(shipped.predict_in_context([node])[0])
     assert 10.0 < latency_us < 10_000.0      # a 64->64 3x3 conv at 56x56 (231 MFLOP) on a 2-core CPU
+
+
+def test_every_shipped_cpu_predictor_is_named_for_the_cpu_it_was_measured_on():
+    """predictors/data/cpu_<mcpu>.json is chosen on a host whose CPU is <mcpu>: the name must be the truth."""
+    from hetpart.compiler import cpu_predictor_path_for, default_cpu_predictor_path
+
+    shipped = sorted(cpu_predictor_path_for("x").parent.glob("cpu_*.json"))
+    assert len(shipped) >= 2
+    for path in shipped:
+        predictor = DevicePredictor.load(path)
+        assert predictor.provenance()["feature_schema_version"] == FEATURE_SCHEMA_VERSION
+        mcpu = predictor.target["mcpu"]
+        if path.name != "cpu_default.json":
+            assert path.name == f"cpu_{mcpu}.json"
+            assert default_cpu_predictor_path(mcpu) == path
+    assert default_cpu_predictor_path("no-such-cpu").name == "cpu_default.json"
+
+
+def test_a_predictor_from_another_cpu_is_warned_and_fit_writes_one_for_this_cpu(fitted_predictor, tmp_path,
+                                                                                monkeypatch, caplog):
+    import argparse
+    import copy
+
+    import hetpart.compiler as compiler
+    from hetpart import cli_predictors
+    from tests.predictors.test_zoo_profile import build_fake_db
+
+    predictor = copy.deepcopy(fitted_predictor[0])                    # the fixture is shared by the module
+    predictor.target, predictor.num_threads = {"kind": "llvm", "mcpu": "znver5"}, None   # no thread warning
+    predictor.save(tmp_path / "cpu.json")
+    for host, warned in (("znver5", False), ("znver4", True)):
+        monkeypatch.setattr(compiler, "host_cpu_name", lambda host=host: host)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hetpart.compiler"):
+            compiler.load_cpu_predictor(tmp_path / "cpu.json")
+        assert ("measured on a znver5 CPU; this host is a znver4" in caplog.text) is warned
+        assert ("cpu_znver4.json" in caplog.text) is warned           # where `hetpart fit` will put this host's
+    # `hetpart fit` without -o writes the file the loader picks on this host
+    monkeypatch.setattr(compiler, "cpu_predictor_path_for", lambda name: tmp_path / f"cpu_{name}.json")
+    db = tmp_path / "p.sqlite"
+    build_fake_db(db)
+    parser = argparse.ArgumentParser()
+    cli_predictors.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["fit", "--db", str(db)])
+    assert args.func(args) == 0
+    assert (tmp_path / "cpu_znver4.json").exists()
+    assert compiler.default_cpu_predictor_path("znver4") == tmp_path / "cpu_znver4.json"
