@@ -14,7 +14,6 @@ from hetpart.errors import PredictorError
 log = logging.getLogger("hetpart")
 
 
-
 def default_db() -> Path:
     """~/.cache/hetpart/profiles.sqlite (or under $HETPART_CACHE_DIR)."""
     return Path(os.environ.get("HETPART_CACHE_DIR", Path.home() / ".cache" / "hetpart")) / "profiles.sqlite"

@@ -6,6 +6,7 @@ a device there and pass it back with ``--plan`` to compile exactly that placemen
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import logging
@@ -61,9 +62,10 @@ def parse_devices(spec: str | Sequence[str]) -> DeviceChoice:
     return DeviceChoice(DeviceSet(tuple(devices), tuple(links)).validate(), preset)
 
 
+@functools.lru_cache(maxsize=1)
 def host_cpu_name() -> str:
     """LLVM's name for this host's CPU core (TVM's ``-mcpu``, e.g. ``znver4``): what compiled kernels are tuned
-    for, and so what a CPU predictor's measurements are valid for."""
+    for, and so what a CPU predictor's measurements are valid for (asked once per process)."""
     from tvm_passes.schedules.pipeline import default_cpu_target
 
     return str(default_cpu_target().attrs["mcpu"])

@@ -16,8 +16,8 @@ Both
   weights become Relax constants; layout-only ops on constants (reshape/permute_dims/expand_dims/squeeze of a
   weight) are folded with numpy and the remaining constant-only ops with FoldConstant, so the graph contains
   only the work the deployed executable does; matmuls against constant weights whose column count is not a
-  whole number of SIMD vectors get zero-padded weights and a slice (``tvm_passes.pad_columns``: 4-22x faster
-  for a GRU's 1950 gate columns).
+  whole number of SIMD vectors get zero-padded weights and a slice (``tvm_passes.pad_columns``: 2.8-22x faster
+  for a GRU's 1950 gate columns, depending on the CPU).
 """
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ rows    N = 1950     N = 1952      ratio
 140     15363 us     688 us        22.3x
 ======  ===========  ============  ==========
 
-and 541 -> 282 us (1.9x) for 35 x 650 x 2600 -> 2608. This pass rewrites such a matmul at import time to a
+and 541 -> 282 us (1.9x) for 35 x 650 x 2600 -> 2608. (That host was a Zen 5; on a Zen 4 host of the same
+machine kind the 35-row case measured 10x, and 2.8x on the CI host: the size of the cliff depends on the CPU.) This pass rewrites such a matmul at import time to a
 matmul against the zero-padded weight (and zero-padded bias, when a constant bias add is its only consumer)
 followed by ``strided_slice`` back to ``N`` columns. The slice is injective, so FuseOps fuses it into the
 consumers (an RNN's gate split) instead of into the matmul. The results are bit-identical: padded columns are
