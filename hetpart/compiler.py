@@ -87,12 +87,25 @@ def default_cpu_predictor_path(cpu_name: str | None = None) -> Path:
     return matched if matched.exists() else Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
 
 
+def resolve_cpu_predictor_path(path: str | Path | None = None) -> Path:
+    """``path``, else $HETPART_CPU_PREDICTOR, else :func:`default_cpu_predictor_path`."""
+    return Path(path or os.environ.get("HETPART_CPU_PREDICTOR") or default_cpu_predictor_path())
+
+
+def cpu_cost_note(predictor: Any, path: Path) -> str:
+    """One line for the report: which predictor gave the CPU costs and the CPU it was measured on."""
+    fitted = predictor.fit_info.get("fit_date", "at an unrecorded date")
+    return (f"CPU costs: {path.name}, measured on a {predictor.target.get('mcpu', 'unrecorded')} CPU with "
+            f"{predictor.num_threads or 'an unrecorded number of'} TVM thread(s), fitted {fitted}; this host's CPU: "
+            f"{host_cpu_name()}")
+
+
 def load_cpu_predictor(path: str | Path | None = None):
     """The CPU predictor: ``path``, else $HETPART_CPU_PREDICTOR, else the shipped one for this host's CPU
     (:func:`default_cpu_predictor_path`). Warns when it was measured on another CPU or thread count."""
     from predictors.device_predictor import DevicePredictor
 
-    path = Path(path or os.environ.get("HETPART_CPU_PREDICTOR") or default_cpu_predictor_path())
+    path = resolve_cpu_predictor_path(path)
     if not path.exists():
         raise PredictorError(f"no CPU latency predictor at {path}; build one with `hetpart profile --device cpu "
                              "--budget-minutes 60` and `hetpart fit`, or pass --cpu-predictor FILE")
@@ -150,7 +163,8 @@ class CompiledModel:
         return ReportData(graph=self.graph, costs=self.costs, plan=self.plan, timeline=self.timeline,
                           baselines_us=self.baselines_us, why=self.why, op_graph=self.op_graph,
                           build=self.build.manifest.to_dict(), compile_seconds=self.seconds,
-                          import_notes=tuple(self.source.get("import_notes", ())))
+                          import_notes=tuple(self.source.get("import_notes", ())),
+                          cost_notes=tuple(self.source.get("cost_notes", ())))
 
     def report(self) -> str:
         """The markdown report (images are referenced by file name, written by :meth:`save`)."""
@@ -250,7 +264,8 @@ def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str
     graph = op_graph.kernel_graph()
     lap("analyze")
     say(f"predicting latencies of {graph.num_ops} kernels on {', '.join(choice.devices.names)}")
-    predictors: dict[str, Any] = {"cpu": load_cpu_predictor(cpu_predictor)}
+    cpu_path = resolve_cpu_predictor_path(cpu_predictor)
+    predictors: dict[str, Any] = {"cpu": load_cpu_predictor(cpu_path)}
     if choice.gpu_preset is not None:
         predictors["gpu"] = AnalyticGpuModel(choice.gpu_preset)
     costs = build_cost_table(graph, predictors, choice.devices)
@@ -285,7 +300,7 @@ def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str
               "onnx_path": str(imported.onnx_path) if imported.onnx_path else None,
               "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in imported.inputs],
               "devices": choice.devices.to_dict(), "method": chosen.method, "emulated": built.manifest.emulated,
-              "import_notes": list(imported.notes)}
+              "import_notes": list(imported.notes), "cost_notes": [cpu_cost_note(predictors["cpu"], cpu_path)]}
     result = CompiledModel(name=imported.name, op_graph=op_graph, graph=graph, costs=costs, plan=chosen,
                            op_plan=op_plan, timeline=timeline, baselines_us=baselines, build=built, why=why,
                            source=source, seconds=seconds)

@@ -34,6 +34,7 @@ class ReportData:
     build: Mapping[str, Any] = field(default_factory=dict)   # manifest facts: emulated, build time, notes
     compile_seconds: Mapping[str, float] = field(default_factory=dict)
     import_notes: Sequence[str] = ()     # what the frontend changed in the graph (e.g. padded matmul columns)
+    cost_notes: Sequence[str] = ()       # where the costs came from (e.g. which CPU predictor, measured on which CPU)
 
 
 def _colour(device: str) -> str:
@@ -145,7 +146,7 @@ def markdown(data: ReportData, images: Mapping[str, str]) -> str:
               f"{s['copy_time_us']:,.1f} µs of link time.", ""]
     if data.compile_seconds:
         lines += ["Compile time: " + ", ".join(f"{k} {v:.1f} s" for k, v in data.compile_seconds.items()), ""]
-    for note in list(data.import_notes) + list(data.plan.notes) + list(data.build.get("notes", [])):
+    for note in list(data.cost_notes) + list(data.import_notes) + list(data.plan.notes) + list(data.build.get("notes", [])):
         lines.append(f"- note: {note}")
     lines += ["", f"![Gantt chart]({images['gantt']})", "", f"![graph coloured by device]({images['graph']})", "",
               "## Per-kernel decisions (why)", "",

@@ -84,6 +84,10 @@ def test_output_directory_contents_and_runtime(saved):
     text = (out / "report.md").read_text()
     assert "all_cpu" in text and "Per-kernel decisions" in text and "analytic" in text
     assert "EMULATED" in text
+    from hetpart.compiler import default_cpu_predictor_path, host_cpu_name
+    # which predictor priced the CPU, and for which CPU: costs from another CPU's predictor can be off 2x
+    assert f"CPU costs: {default_cpu_predictor_path().name}, measured on a " in text
+    assert f"this host's CPU: {host_cpu_name()}" in text
     runtime = hetpart.load(out)
     x = np.random.default_rng(3).standard_normal((1, 3, 64, 64)).astype(np.float32)
     np.testing.assert_allclose(runtime(x)[0], compiled(x)[0], atol=1e-5)
