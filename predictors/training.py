@@ -305,7 +305,9 @@ def miss_analysis(data: TrainingData, measured: Sequence[float], predicted: Sequ
     """Held-out kernel instances >= ``min_us`` predicted outside ±``tolerance``, split by whether their own label
     is stable: *label-stable* when every quiet re-measurement of the kernel (each refine pass) is within the same
     tolerance of its label. Misses on stable labels are errors of the predictor, not of the measurements; the
-    test-retest floors of :func:`noise_floor_of` cannot explain them."""
+    test-retest floors of :func:`noise_floor_of` cannot explain them. A kernel never re-measured in a quiet session
+    counts as stable (nothing contradicts its label): with ``hetpart profile``'s refine passes every kernel has
+    quiet re-measurements unless every pass was contended (profiles_session11a: none of the 174 misses lacked one)."""
     ref, quiet = data.reference_canary_us, quiet_sessions(data)
     retests: dict[str, list[float]] = {}
     for key, median, canary, session in data.retests:
