@@ -93,16 +93,28 @@ def resolve_cpu_predictor_path(path: str | Path | None = None) -> Path:
 
 
 def cpu_cost_note(predictor: Any, path: Path) -> str:
-    """One line for the report: which predictor gave the CPU costs and the CPU it was measured on."""
+    """One line for the report: which predictor gave the CPU costs, the CPU it was measured on and, when it was
+    scaled to this host by the canary (:mod:`predictors.canary_scaling`), by how much."""
     fitted = predictor.fit_info.get("fit_date", "at an unrecorded date")
-    return (f"CPU costs: {path.name}, measured on a {predictor.target.get('mcpu', 'unrecorded')} CPU with "
+    note = (f"CPU costs: {path.name}, measured on a {predictor.target.get('mcpu', 'unrecorded')} CPU with "
             f"{predictor.num_threads or 'an unrecorded number of'} TVM thread(s), fitted {fitted}; this host's CPU: "
             f"{host_cpu_name()}")
+    scaling = getattr(predictor, "scaling", None)
+    if scaling:
+        note += (f"; scaled x{scaling['speed_ratio']:.2f} to this host by the canary kernel "
+                 f"({scaling['host_canary_us']:.1f} µs here with {scaling['host_threads']} thread(s), "
+                 f"{scaling['predictor_canary_us']:.1f} µs where it was measured)")
+    return note
 
 
-def load_cpu_predictor(path: str | Path | None = None):
+def load_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = True):
     """The CPU predictor: ``path``, else $HETPART_CPU_PREDICTOR, else the shipped one for this host's CPU
-    (:func:`default_cpu_predictor_path`). Warns when it was measured on another CPU or thread count."""
+    (:func:`default_cpu_predictor_path`).
+
+    When it was measured on another CPU or with another TVM thread count, this warns and -- unless
+    ``scale_to_host=False`` -- times the canary kernel here and scales every prediction by the speed ratio
+    (:class:`predictors.canary_scaling.CanaryScaledPredictor`; about a second, once per process)."""
+    from predictors.canary_scaling import predictor_canary_us, scale_to_host as scale
     from predictors.device_predictor import DevicePredictor
 
     path = resolve_cpu_predictor_path(path)
@@ -111,18 +123,27 @@ def load_cpu_predictor(path: str | Path | None = None):
                              "--budget-minutes 60` and `hetpart fit`, or pass --cpu-predictor FILE")
     predictor = DevicePredictor.load(path)
     fitted_on, host = str(predictor.target.get("mcpu", "")), host_cpu_name()
-    if fitted_on and fitted_on != host:
-        log.warning("the CPU predictor %s was measured on a %s CPU; this host is a %s: its CPU costs can be off by "
-                    "2x (the Zen 5 predictor under-predicted whole models measured on a Zen 4 host 1.4-2.4x, "
-                    "benchmarks/results/predictor_transfer.md). Profile and fit on this host: "
-                    "`hetpart profile --device cpu --budget-minutes 60 && hetpart fit` writes %s, which is then "
-                    "used by default.", path, fitted_on, host, cpu_predictor_path_for(host))
     threads = deployment_threads()
-    if predictor.num_threads and predictor.num_threads != threads:
+    foreign_cpu = bool(fitted_on) and fitted_on != host
+    foreign_threads = bool(predictor.num_threads) and predictor.num_threads != threads
+    result = predictor
+    if scale_to_host and (foreign_cpu or foreign_threads) and predictor_canary_us(predictor) is not None:
+        try:
+            result = scale(predictor, host, threads)
+        except PredictorError as exc:       # e.g. TVM's pool already runs another thread count than deployments
+            log.warning("cannot scale the CPU predictor to this host: %s", exc)
+    remedy = (f"scaled x{result.speed_ratio:.2f} by the canary kernel's speed ratio, a first-order correction "
+              "(benchmarks/results/predictor_transfer*.md)" if result is not predictor else "not scaled")
+    if foreign_cpu:
+        log.warning("the CPU predictor %s was measured on a %s CPU; this host is a %s: its CPU costs are %s. "
+                    "Profile and fit on this host for costs measured here: `hetpart profile --device cpu "
+                    "--budget-minutes 60 && hetpart fit` writes %s, which is then used by default.",
+                    path, fitted_on, host, remedy, cpu_predictor_path_for(host))
+    if foreign_threads:
         log.warning("the CPU predictor %s was fitted on kernels timed with %d TVM thread(s); this deployment runs %d "
-                    "(TVM_NUM_THREADS): its CPU costs are off by the difference. Profile and fit with the "
-                    "deployment's TVM_NUM_THREADS.", path, predictor.num_threads, threads)
-    return predictor
+                    "(TVM_NUM_THREADS): its CPU costs are %s. Profile and fit with the deployment's "
+                    "TVM_NUM_THREADS.", path, predictor.num_threads, threads, remedy)
+    return result
 
 
 def expand_plan(plan: Plan, kernels: OpGraph, ops: OpGraph) -> Plan:

@@ -189,7 +189,8 @@ class DevicePredictor:
         pred.models = {k: PolynomialLatencyModel.from_dict(m) for k, m in data["models"].items()}
         pred.fallback = PolynomialLatencyModel.from_dict(data["fallback"])
         pred.context = ContextTerms.from_dict(data["context"])
-        pred.fit_info = {k: prov[k] for k in ("fit_seconds", "n_samples", "samples_per_kind", "fit_date") if k in prov}
+        pred.fit_info = {k: prov[k] for k in ("fit_seconds", "n_samples", "samples_per_kind", "fit_date", "training")
+                        if k in prov}
         return pred
 
     def save(self, path: str | Path) -> None:

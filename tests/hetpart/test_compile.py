@@ -88,6 +88,9 @@ def test_output_directory_contents_and_runtime(saved):
     # which predictor priced the CPU, and for which CPU: costs from another CPU's predictor can be off 2x
     assert f"CPU costs: {default_cpu_predictor_path().name}, measured on a " in text
     assert f"this host's CPU: {host_cpu_name()}" in text
+    # a predictor from another CPU is scaled to this one by the canary, and the report says by how much
+    foreign = json.loads(default_cpu_predictor_path().read_text())["provenance"]["target"]["mcpu"] != host_cpu_name()
+    assert ("scaled x" in text and "by the canary kernel" in text) is foreign
     runtime = hetpart.load(out)
     x = np.random.default_rng(3).standard_normal((1, 3, 64, 64)).astype(np.float32)
     np.testing.assert_allclose(runtime(x)[0], compiled(x)[0], atol=1e-5)
