@@ -24,9 +24,9 @@ import numpy as np
 from hetpart.errors import ExtrapolationWarning, PredictorError, SchemaError
 from hetpart.graph import OpNode
 from predictors.context import ContextTerms, fit_context_terms, predict_in_context_us
-from predictors.features import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES, PER_SAMPLE_KINDS,
-                                 RESIDUAL_EXCLUDED, feature_matrix, feature_vector, kernel_kind, vectors_to_matrix,
-                                 workload_key)
+from predictors.features import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES, KIND_FEATURES_BY_SCHEMA,
+                                 PER_SAMPLE_KINDS, RESIDUAL_EXCLUDED, feature_matrix, feature_vector, kernel_kind,
+                                 vectors_to_matrix, workload_key)
 from predictors.polynomial import PolynomialLatencyModel
 from tvm_passes.tile_plan import vector_lanes_for
 
@@ -78,6 +78,12 @@ class DevicePredictor:
         self.fallback: PolynomialLatencyModel | None = None
         self.context = ContextTerms()
         self.fit_info: dict[str, Any] = {}
+        self.feature_schema_version = FEATURE_SCHEMA_VERSION   # a loaded predictor keeps the schema it was fitted with
+
+    @property
+    def kind_features(self) -> Mapping[str, tuple[str, ...]]:
+        """The features each kind's model takes, as of the schema this predictor was fitted with."""
+        return KIND_FEATURES_BY_SCHEMA[self.feature_schema_version]
 
     @property
     def vector_lanes(self) -> int:
@@ -95,7 +101,7 @@ class DevicePredictor:
         start = time.perf_counter()
         kinds = np.array([kernel_kind(n) for n in nodes])
         vectors = [feature_vector(n, self.vector_lanes) for n in nodes]
-        self.models = {}
+        self.models, self.feature_schema_version = {}, FEATURE_SCHEMA_VERSION
         for kind in sorted(set(kinds.tolist())):
             idx = np.flatnonzero(kinds == kind)
             if len(idx) < self.min_samples_per_kind:
@@ -137,7 +143,7 @@ class DevicePredictor:
                 out[idx] = self.fallback.predict(feature_matrix(sub, FALLBACK_FEATURES, self.vector_lanes))
             else:
                 vectors = [feature_vector(n, self.vector_lanes) for n in sub]
-                out[idx] = model.predict(vectors_to_matrix(vectors, KIND_FEATURES[model_kind])) \
+                out[idx] = model.predict(vectors_to_matrix(vectors, self.kind_features[model_kind])) \
                     * _batch_scale(model_kind, vectors)
         if self.measured_us_:
             for i, node in enumerate(nodes):
@@ -157,9 +163,9 @@ class DevicePredictor:
     # ------------------------------------------------------------------ provenance + JSON
     def provenance(self) -> dict[str, Any]:
         ranges = {kind: {name: [float(lo), float(hi)] for name, lo, hi in
-                         zip(KIND_FEATURES[kind], m.feature_min_, m.feature_max_)} for kind, m in self.models.items()}
+                         zip(self.kind_features[kind], m.feature_min_, m.feature_max_)} for kind, m in self.models.items()}
         return {"device": self.device, "target": dict(self.target), "tvm_version": self.tvm_version,
-                "num_threads": self.num_threads, "feature_schema_version": FEATURE_SCHEMA_VERSION,
+                "num_threads": self.num_threads, "feature_schema_version": self.feature_schema_version,
                 "source": self.source, "training_ranges": ranges, **self.fit_info}
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,13 +184,16 @@ class DevicePredictor:
             raise SchemaError(f"not a {PREDICTOR_FORMAT} v{PREDICTOR_FORMAT_VERSION} file; re-create it with "
                               "`hetpart fit`")
         prov = data.get("provenance", {})
-        if prov.get("feature_schema_version") != FEATURE_SCHEMA_VERSION:
+        schema = prov.get("feature_schema_version")
+        if schema not in KIND_FEATURES_BY_SCHEMA:
             raise PredictorError(
-                f"predictor was fitted with feature schema {prov.get('feature_schema_version')!r}; this hetpart "
-                f"computes schema {FEATURE_SCHEMA_VERSION}. Refit it with `hetpart fit` on the profile database.")
+                f"predictor was fitted with feature schema {schema!r}; this hetpart computes schema "
+                f"{FEATURE_SCHEMA_VERSION} and reads {sorted(KIND_FEATURES_BY_SCHEMA)}. Refit it with `hetpart fit` "
+                "on the profile database.")
         pred = cls(device=prov.get("device", "cpu"), target=prov.get("target"), tvm_version=prov.get("tvm_version"),
                    degrees=data["degrees"], alphas=data["alphas"], min_samples_per_kind=data["min_samples_per_kind"],
                    exact_lookup=data["exact_lookup"], num_threads=prov.get("num_threads"))
+        pred.feature_schema_version = int(schema)
         pred.measured_us_ = {str(k): float(v) for k, v in data["measured_us"].items()}
         pred.models = {k: PolynomialLatencyModel.from_dict(m) for k, m in data["models"].items()}
         pred.fallback = PolynomialLatencyModel.from_dict(data["fallback"])

@@ -22,7 +22,7 @@ import numpy as np
 from hetpart.graph import OpNode
 from tvm_passes.tile_plan import conv_prepacks_weights, conv_register_tile
 
-FEATURE_SCHEMA_VERSION = 6
+FEATURE_SCHEMA_VERSION = 7
 # SIMD width (fp32 lanes) assumed by the schedule-derived features when the caller does not give its target's
 # (AVX-512, the machine kind hetpart ships a CPU predictor for); DevicePredictor passes its own target's width.
 DEFAULT_VECTOR_LANES = 16
@@ -129,7 +129,7 @@ FEATURE_SCHEMA: dict[str, str] = {
 # feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
 KIND_FEATURES: dict[str, tuple[str, ...]] = {
     "conv2d": ("flops_per_sample", "bytes_per_sample", "out_spatial", "out_channels_pad8", "reduction_size",
-               "stride", "kernel_area", "conv_tile_accumulators", "conv_lane_fill"),
+               "stride", "kernel_area", "conv_tile_accumulators", "conv_lane_fill", "batch"),
     "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
     "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems"),
     "pool": ("bytes_total", "out_elems", "kernel_area", "stride"),
@@ -153,7 +153,20 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
 # Measured on leave-one-model-out (profiles_session4b): kernels >= 100 µs MAPE 11.1% -> 10.0%, within ±10% 60.6%
 # -> 66.4%, model MAPE 7.8% -> 7.4%. Depthwise convs (memory-bound, batch 4 in one model only) got worse per
 # sample (+140% on MobileNetV2 b4) and keep whole-kernel features.
+# (Since schema 7 the batch itself is one of conv2d's features, for what is not linear in it: see below.)
 PER_SAMPLE_KINDS = frozenset({"conv2d"})
+# Schema 7 adds the batch to conv2d's features: per sample, a conv is not equally fast at every batch. Small
+# convs (1x1, 16-32 output channels) ran 1.6-2.1x faster per sample at batch 4 than at batch 1 on the Intel host
+# (SqueezeNet's 64->16 at 55x55: 187 µs at batch 1, 355 µs at batch 4), so the per-sample model predicted
+# held-out batch-4 models' convs up to 2.1x high and batch-1 ones up to 2x low. Leave-one-model-out on
+# profiles_session12a (Intel, the only database at hand): kernels >= 100 µs MAPE 12.4% -> 8.8%, within ±10%
+# 70.0% -> 79.0%; kernels 10-100 µs 11.1% -> 8.8%; model MAPE 16.0% -> 14.0%.
+# Feature lists of earlier schemas whose feature *definitions* this schema keeps: predictors fitted with them load
+# and predict with their own lists (the shipped Zen predictors are schema 6 and their databases are gone).
+KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
+    6: {**KIND_FEATURES, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "batch")},
+    FEATURE_SCHEMA_VERSION: KIND_FEATURES,
+}
 # Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a
 # depthwise convolution's FLOPs and bytes but not its schedule (tiles over channels and columns), so a kernel's
 # residual carries over across batch sizes. (Per-sample kinds get this from their batch-1 features.)
