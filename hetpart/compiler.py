@@ -79,9 +79,9 @@ def cpu_predictor_path_for(cpu_name: str) -> Path:
 def default_cpu_predictor_path(cpu_name: str | None = None) -> Path:
     """The predictor fitted for this host's CPU (``cpu_<mcpu>.json``) if there is one, else ``cpu_default.json``.
 
-    One machine kind is not one CPU here: the same 2-core VMs ran on AMD Zen 5 (znver5) and Zen 4 (znver4) cores,
-    and the canary kernel takes 70 µs on the one and 152 µs on the other, so a predictor is only valid on the CPU
-    it was measured on."""
+    One machine kind is not one CPU here: the same 2-core VMs ran on AMD Zen 5 (znver5), Zen 4 (znver4) and Intel
+    (rocketlake) cores, where the canary kernel takes 70, 152 and 105 µs, so a predictor is only valid on the CPU
+    it was measured on (:func:`load_cpu_predictor` scales one from another CPU by the canary)."""
     cpu_name = cpu_name if cpu_name is not None else host_cpu_name()
     matched = cpu_predictor_path_for(cpu_name)
     return matched if matched.exists() else Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
