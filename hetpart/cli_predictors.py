@@ -28,6 +28,7 @@ def _progress_logger(every: int = 10):
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from predictors import sampling
+    from predictors.cache_probe import effective_cache_bytes_for_db
     from predictors.refine import refine_passes
     from predictors.zoo_profile import BestWindowProfiler, profile_zoo
 
@@ -43,6 +44,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise PredictorError(f"hetpart profile --passes must be >= 1; found {args.passes}")
     budget_s = args.budget_minutes * 60.0
     profiler = BestWindowProfiler(args.device, windows=args.windows)
+    # the cache this host really gives us, for the in-model terms (once per database; predictors.cache_probe)
+    effective_cache_bytes_for_db(db, json.loads(profiler.target).get("mcpu"))
     if args.refine:
         for k, counts in enumerate(refine_passes(db, budget_s, profiler, args.passes, variants)):
             log.info("refine pass %d summary: %s", k + 1, json.dumps(counts))

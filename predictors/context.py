@@ -33,6 +33,10 @@ whole-model measurements (:func:`fit_context_terms`), turn isolated predictions 
   two terms to 5.5 % (worst 14.7 %) with this one; thresholds of 1-8 MiB all gave 5.3-6.2 %, so the L2 size
   read from the machine is used rather than a tuned constant.
 
+The last-level cache size these terms assume is the one :mod:`predictors.cache_probe` measured on the profiled
+host (stored in the profile database); sysfs's figure only when there is none -- a VM may report a cache it
+does not get (480 MiB on this machine kind's Intel guest, which behaves like 48 MiB).
+
 All are fitted by non-negative least squares on relative error, so they never turn a latency negative.
 Predictors saved before the third term load with it at 0 (their behaviour is unchanged).
 """

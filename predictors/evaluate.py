@@ -114,7 +114,8 @@ def noise_floor(repeats: Sequence[Sequence[float]]) -> dict[str, Any]:
     return {"n_kernels": len(repeats), **error_metrics(measured, predicted)}
 
 
-def model_level_floor(records: Mapping[str, ModelRecord], group_of: Mapping[str, str]) -> dict[str, Any]:
+def model_level_floor(records: Mapping[str, ModelRecord], group_of: Mapping[str, str],
+                      cache_bytes: int | None = None) -> dict[str, Any]:
     """Whole-model error that remains with *perfect* kernel predictions: each held-out model's measured kernel
     labels plus in-model terms fitted on the other groups, against its measured latency. No kernel predictor can
     do better than this on the same split; it measures how well isolated kernels compose into a model."""
@@ -129,7 +130,7 @@ def model_level_floor(records: Mapping[str, ModelRecord], group_of: Mapping[str,
     measured, predicted, per_model = [], [], {}
     for held in sorted(set(group_of.values())):
         train = [(records[n].nodes, records[n].model_latency_us) for n in records if group_of[n] != held]
-        context = fit_context_terms(_Exact(), train)
+        context = fit_context_terms(_Exact(), train, cache_bytes)
         for name in (n for n in records if group_of[n] == held):
             rec = records[name]
             value = float(np.sum(rec.kernel_latencies_us) + context.extra_us(rec.nodes).sum())
@@ -150,8 +151,9 @@ def default_methods(target: Mapping[str, Any] | None = None) -> dict[str, Callab
 
 def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, str],
                    methods: Mapping[str, Callable[[], Any]], progress: Progress | None = None,
-                   split_name: str = "split") -> dict[str, Any]:
+                   split_name: str = "split", cache_bytes: int | None = None) -> dict[str, Any]:
     """Hold out each group in turn (all models sharing a ``group_of`` value); train every method on the rest.
+    ``cache_bytes``: the last-level cache the in-model terms assume (None: this host's sysfs size).
 
     Per method, ``_points`` holds the held-out kernel instances: (measured, predicted, kind, (model, index of the
     kernel in the model's record)); callers pop it before serialising."""
@@ -172,7 +174,7 @@ def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, st
                 predictor = factory().fit(nodes, lat)
                 acc[name]["fit_s"].append(time.perf_counter() - start)
                 context = fit_context_terms(predictor, [(records[n].nodes, records[n].model_latency_us)
-                                                        for n in train])
+                                                        for n in train], cache_bytes)
                 preds = {n: np.asarray(predictor.predict(records[n].nodes), dtype=float) for n in test}
             for w in caught:     # counted, not repeated: extrapolation is expected when a model is held out
                 key = w.category.__name__

@@ -102,6 +102,14 @@ class ModelDatabase:
     def close(self) -> None:
         self._conn.close()
 
+    def meta(self, key: str) -> str | None:
+        """A fact recorded about the database's host (``hetpart_meta``; e.g. its effective cache size)."""
+        row = self._conn.execute("SELECT value FROM hetpart_meta WHERE key = ?", (f"host.{key}",)).fetchone()
+        return None if row is None else str(row[0])
+
+    def put_meta(self, key: str, value: str) -> None:
+        self._conn.execute("INSERT OR REPLACE INTO hetpart_meta VALUES (?, ?)", (f"host.{key}", value))
+
     def __enter__(self) -> "ModelDatabase":
         return self
 

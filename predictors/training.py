@@ -33,6 +33,7 @@ import numpy as np
 from hetpart.errors import PredictorError
 from hetpart.graph import OpNode
 from predictors import evaluate as ev
+from predictors.cache_probe import effective_cache_bytes_for_db
 from predictors.model_db import ModelDatabase
 from predictors.device_predictor import DevicePredictor
 from predictors.features import kernel_kind
@@ -196,8 +197,9 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
     predictor = DevicePredictor(device=device, target=json.loads(data.target), tvm_version=data.tvm_version,
                                 num_threads=data.num_threads or None)
     predictor.fit(nodes, labels)
+    cache = effective_cache_bytes_for_db(db_path, json.loads(data.target).get("mcpu"))
     if data.records:
-        predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()])
+        predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()], cache_bytes=cache)
     else:
         logger.warning("no complete model variant in %s: the in-model terms stay 0", db_path)
     with ModelDatabase(db_path) as models:
@@ -206,6 +208,7 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
             "profile_runs": len(runs), "profile_seconds_total": sum(r["elapsed_s"] for r in runs),
             "n_synthetic_kernels": len(set(keys) - data.zoo_keys), "n_model_records": len(data.records),
             "excluded_tir_feature_rows": data.excluded_tir_features, "canary_reference_us": data.reference_canary_us,
+            "effective_cache_bytes": cache,
             "excluded_orphan_rows": data.excluded_orphan_rows, "profile_db": str(db_path),
             "excluded_models": data.excluded_models}
     predictor.fit_info.update({"training": info})
@@ -358,13 +361,15 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
         "row_statuses": dict(Counter(m.status for m in data.raw.values())),
         "canary_reference_us": data.reference_canary_us, "methods": sorted(methods), "splits": {}, "verdicts": [],
     }
+    cache = effective_cache_bytes_for_db(db_path, json.loads(data.target).get("mcpu"))
+    report["effective_cache_bytes"] = cache
     relay = None if progress is None else (lambda split, done, total: progress(split, done, total, ""))
     for split_name, (group_of, split_methods) in splits.items():
         if len(set(group_of.values())) < 2:
             report["splits"][split_name] = None
             report["verdicts"].append(f"{split_name}: skipped (fewer than 2 groups)")
             continue
-        split = ev.cross_validate(data.records, group_of, split_methods, relay, split_name)
+        split = ev.cross_validate(data.records, group_of, split_methods, relay, split_name, cache_bytes=cache)
         points = {name: res.pop("_points") for name, res in split.items()}
         report["splits"][split_name] = split
         report["verdicts"].extend(ev.honest_comparison(split, split_name))
@@ -378,8 +383,9 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
                     title=f"polynomial, leave-one-model-out ({len(data.records)} model variants)"))
     report["noise_floor"] = noise_floor_of(data)
     report["model_level_floor"] = {
-        "leave_one_model_out": ev.model_level_floor(data.records, {n: n for n in data.records}),
-        "leave_one_family_out": ev.model_level_floor(data.records, {n: r.family for n, r in data.records.items()})}
+        "leave_one_model_out": ev.model_level_floor(data.records, {n: n for n in data.records}, cache),
+        "leave_one_family_out": ev.model_level_floor(data.records, {n: r.family for n, r in data.records.items()},
+                                                     cache)}
     start = time.perf_counter()
     fit_from_db(db_path, device)
     report["full_fit_seconds"] = time.perf_counter() - start

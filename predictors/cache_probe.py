@@ -1,0 +1,101 @@
+"""Measure how much last-level cache this process really gets, instead of trusting sysfs.
+
+The in-model terms (:mod:`predictors.context`) decide from the last-level cache size whether a model's weights
+stay cached between inferences. sysfs reports the hardware cache, which a virtual machine may share with other
+guests: this machine kind's Intel guest reports a 480 MiB L3, so every zoo model's weights counted as cached and
+ResNet-50 was predicted 45% low (its whole-model time is 1.4-1.8x the sum of its isolated kernels there).
+
+The probe reads arrays of growing size (``max`` over float32, best of several passes; single-threaded) and finds
+where the read bandwidth falls off: the effective cache is the largest size whose bandwidth, and that of every
+smaller size, stays within :data:`BANDWIDTH_DROP` of the small arrays'. Measured on that Intel guest (GB/s):
+4 MiB 32.4, 8-48 MiB 28.5-29.2, 64 MiB 23.6, 96-256 MiB 14.9-15.1 -> 48 MiB.
+
+``hetpart profile`` measures it once per profile database (on the host being profiled) and stores it in the
+database's ``hetpart_meta``; ``hetpart fit`` and ``hetpart evaluate`` use the stored value (an older database
+without it: measured at fit time if this host has the CPU the database was measured on, else sysfs).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from predictors.context import last_level_cache_bytes
+
+logger = logging.getLogger(__name__)
+
+PROBE_SIZES_MIB = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+REFERENCE_MAX_MIB = 16         # sizes up to this set the in-cache bandwidth (median of them)
+BANDWIDTH_DROP = 0.15          # a size is cached while its bandwidth is >= (1 - this) x the reference
+META_KEY = "effective_cache_bytes"
+
+BandwidthProbe = Callable[[int], float]     # size in MiB -> read bandwidth (bytes/s)
+
+
+def read_bandwidth(size_mib: int, passes: int = 5, bytes_per_pass: int = 256 * 2 ** 20) -> float:
+    """Best read bandwidth (bytes/s) over ``passes`` passes, each reading a ``size_mib`` array repeatedly."""
+    data = np.ones(size_mib * 2 ** 20 // 4, dtype=np.float32)
+    data.max()                                            # touch every page before timing
+    reps = max(1, bytes_per_pass // data.nbytes)
+    best_s = np.inf
+    for _ in range(passes):
+        start = time.perf_counter()
+        for _ in range(reps):
+            data.max()
+        best_s = min(best_s, (time.perf_counter() - start) / reps)
+    return data.nbytes / best_s
+
+
+def effective_cache_from_curve(bandwidth: Mapping[int, float]) -> int:
+    """The effective cache (bytes) from a {size MiB: bytes/s} curve (see the module docstring)."""
+    sizes = sorted(bandwidth)
+    small = [bandwidth[s] for s in sizes if s <= REFERENCE_MAX_MIB]
+    if not small:
+        raise ValueError(f"the probe needs sizes <= {REFERENCE_MAX_MIB} MiB for its reference; got {sizes}")
+    reference = float(np.median(small))
+    cached = sizes[0]
+    for size in sizes:
+        if bandwidth[size] < (1 - BANDWIDTH_DROP) * reference:
+            break
+        cached = size
+    return cached * 2 ** 20
+
+
+def measure_effective_cache_bytes(probe: BandwidthProbe = read_bandwidth,
+                                  sizes_mib: Sequence[int] | None = None) -> int:
+    """Probe this host (sizes up to twice the sysfs last-level cache, at most 512 MiB) and return the effective
+    last-level cache in bytes; about 2-4 s."""
+    if sizes_mib is None:
+        limit_mib = max(2 * last_level_cache_bytes() // 2 ** 20, 64)
+        sizes_mib = [s for s in PROBE_SIZES_MIB if s <= limit_mib]
+    curve = {int(s): float(probe(int(s))) for s in sizes_mib}
+    cache = effective_cache_from_curve(curve)
+    logger.info("effective last-level cache: %d MiB (read bandwidth %s; sysfs reports %d MiB)", cache // 2 ** 20,
+                ", ".join(f"{s} MiB {bw / 1e9:.1f} GB/s" for s, bw in curve.items()),
+                last_level_cache_bytes() // 2 ** 20)
+    return cache
+
+
+def effective_cache_bytes_for_db(db_path: str | Path, db_cpu: str | None,
+                                 probe: BandwidthProbe = read_bandwidth) -> int | None:
+    """The effective cache stored in the profile database; if it has none and this host has the database's CPU
+    (``db_cpu``, TVM's -mcpu; None: do not measure), measure it now and store it. None: neither (callers fall
+    back to sysfs)."""
+    from predictors.model_db import ModelDatabase
+
+    with ModelDatabase(db_path) as models:
+        stored = models.meta(META_KEY)
+        if stored is not None:
+            return int(stored)
+        from hetpart.compiler import host_cpu_name
+
+        if db_cpu is None or db_cpu != host_cpu_name():
+            logger.info("%s records no effective cache size and this host (%s) is not its CPU (%s): the in-model "
+                        "terms use this host's sysfs cache size", db_path, host_cpu_name(), db_cpu)
+            return None
+        cache = measure_effective_cache_bytes(probe)
+        models.put_meta(META_KEY, str(cache))
+        return cache

@@ -1,0 +1,70 @@
+"""The effective-cache probe: where read bandwidth falls off, stored once per profile database."""
+import json
+
+import numpy as np
+import pytest
+
+from predictors import cache_probe
+from predictors.cache_probe import (effective_cache_bytes_for_db, effective_cache_from_curve,
+                                    measure_effective_cache_bytes, read_bandwidth)
+from predictors.model_db import ModelDatabase
+
+MIB = 2 ** 20
+
+
+def test_the_effective_cache_is_the_last_size_before_bandwidth_falls_off():
+    # the Intel guest's measured curve (GB/s): cached up to 48 MiB although sysfs reports 480 MiB
+    intel = {4: 32.4, 8: 28.5, 16: 28.7, 24: 29.2, 32: 28.9, 48: 28.9, 64: 23.6, 96: 15.1, 128: 14.9, 256: 14.9}
+    assert effective_cache_from_curve(intel) == 48 * MIB
+    assert effective_cache_from_curve({s: 20.0 for s in (4, 8, 16, 64, 512)}) == 512 * MIB    # never falls off
+    assert effective_cache_from_curve({4: 20.0, 8: 20.0, 16: 9.0, 32: 20.0}) == 8 * MIB        # the first fall counts
+    with pytest.raises(ValueError, match="reference"):
+        effective_cache_from_curve({64: 10.0, 128: 5.0})
+
+
+def test_measuring_uses_the_probe_and_a_real_read_is_a_plausible_bandwidth():
+    calls = []
+
+    def probe(size_mib):
+        calls.append(size_mib)
+        return 30e9 if size_mib <= 32 else 12e9
+
+    assert measure_effective_cache_bytes(probe, (4, 8, 16, 32, 64, 128)) == 32 * MIB
+    assert calls == [4, 8, 16, 32, 64, 128]
+    assert 1e8 < read_bandwidth(4, passes=2, bytes_per_pass=16 * MIB) < 1e13    # 0.1 GB/s .. 10 TB/s
+
+
+def test_the_database_keeps_the_probe_of_its_own_host(tmp_path, monkeypatch):
+    import hetpart.compiler as compiler
+    from tests.predictors.test_zoo_profile import TARGET, build_fake_db
+
+    db = tmp_path / "p.sqlite"
+    build_fake_db(db, n_models=3, with_retests=False)
+    db_cpu = json.loads(TARGET).get("mcpu", "fakecpu")
+    probes = []
+    fake = lambda size_mib: probes.append(size_mib) or (30e9 if size_mib <= 16 else 10e9)   # noqa: E731
+    monkeypatch.setattr(cache_probe, "read_bandwidth", fake)
+    monkeypatch.setattr(cache_probe, "last_level_cache_bytes", lambda: 32 * MIB)
+    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "othercpu")
+    assert effective_cache_bytes_for_db(db, db_cpu, probe=fake) is None and not probes   # another CPU: no probe
+    monkeypatch.setattr(compiler, "host_cpu_name", lambda: db_cpu)
+    assert effective_cache_bytes_for_db(db, db_cpu, probe=fake) == 16 * MIB
+    assert probes and max(probes) == 64                    # up to twice sysfs' 32 MiB
+    probes.clear()
+    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "othercpu")
+    assert effective_cache_bytes_for_db(db, db_cpu, probe=fake) == 16 * MIB and not probes   # stored, any host
+    with ModelDatabase(db) as models:
+        assert models.meta("effective_cache_bytes") == str(16 * MIB)
+
+
+def test_fit_uses_the_stored_effective_cache(tmp_path):
+    from predictors.training import fit_from_db
+    from tests.predictors.test_zoo_profile import build_fake_db
+
+    db = tmp_path / "p.sqlite"
+    build_fake_db(db, n_models=4, with_retests=False)
+    with ModelDatabase(db) as models:
+        models.put_meta("effective_cache_bytes", str(24 * MIB))
+    predictor, info = fit_from_db(db)
+    assert predictor.context.cache_bytes == 24 * MIB and info["effective_cache_bytes"] == 24 * MIB
+    assert np.isfinite(predictor.context.cold_param_us_per_mb)
