@@ -59,9 +59,6 @@ class _ScaledContext:
     def extra_us(self, nodes: Sequence[OpNode]) -> np.ndarray:
         return np.asarray(self._terms.extra_us(list(nodes)), dtype=np.float64) * self._ratio
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**self._terms.to_dict(), "scaled_by": self._ratio}
-
 
 class CanaryScaledPredictor:
     """A fitted CPU predictor whose every prediction is multiplied by ``host_canary_us / predictor canary``.

@@ -43,7 +43,6 @@ def test_the_database_keeps_the_probe_of_its_own_host(tmp_path, monkeypatch):
     db_cpu = json.loads(TARGET).get("mcpu", "fakecpu")
     probes = []
     fake = lambda size_mib: probes.append(size_mib) or (30e9 if size_mib <= 16 else 10e9)   # noqa: E731
-    monkeypatch.setattr(cache_probe, "read_bandwidth", fake)
     monkeypatch.setattr(cache_probe, "last_level_cache_bytes", lambda: 32 * MIB)
     monkeypatch.setattr(compiler, "host_cpu_name", lambda: "othercpu")
     assert effective_cache_bytes_for_db(db, db_cpu, probe=fake) is None and not probes   # another CPU: no probe
