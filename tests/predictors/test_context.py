@@ -28,7 +28,8 @@ def test_cold_bytes_rules():
     assert terms.cold_param_bytes(small) == small.param_bytes
     assert terms.cold_param_bytes(big) == 0.0                      # larger than the cache: cold in isolation too
     assert terms.cold_param_bytes(_rnn_step(small)) == 0.0         # re-read every step: warm
-    np.testing.assert_allclose(terms.extra_us([small, big]), [10.0 * small.param_bytes / 1e6, 0.0])
+    gate = ContextTerms(0.0, 10.0, cache_bytes=4_000_000, cold_weight_rule="half_cache_gate")
+    np.testing.assert_allclose(gate.extra_us([small, big]), [10.0 * small.param_bytes / 1e6, 0.0])
     # an embedding lookup reads the 128 rows it outputs (128 KB), not its 31 MB table
     lookup = OpNode(id=2, name="embed", op="relax.take", input_shapes=((30522, 256), (1, 128)),
                     input_dtypes=("float32", "int64"), output_shapes=((1, 128, 256),), output_dtypes=("float32",),
@@ -36,14 +37,35 @@ def test_cold_bytes_rules():
     assert ContextTerms(0.0, 10.0).cold_param_bytes(lookup) == 128 * 256 * 4
 
 
-def test_weights_of_a_model_that_fits_in_half_the_cache_stay_warm():
+def test_cache_share_rule_counts_what_the_cache_cannot_keep():
     terms = ContextTerms(0.0, 10.0, cache_bytes=10_000_000)
+    two = [matmul_node(0, 1, 512, 1000), matmul_node(1, 1, 1000, 512)]        # 4.1 MB of weights, ~12 KB of rows
+    np.testing.assert_array_equal(terms.cold_param_bytes_in_model(two), [0.0, 0.0])     # all of it stays cached
+    assert terms.extra_us(two).sum() == 0.0
+    five = two + [matmul_node(k, 1, 512, 1000) for k in (2, 3, 4)]                  # 10.25 MB > 10 MB
+    weights = np.array([n.param_bytes for n in five], dtype=float)
+    footprint = weights.sum() + sum(n.bytes_read + n.bytes_written - n.param_bytes for n in five)
+    np.testing.assert_allclose(terms.cold_param_bytes_in_model(five), weights * (1 - 10_000_000 / footprint))
+    # activation traffic evicts weights too: the same weights behind a large feature map are mostly cold
+    big_activations = five + [conv_node(5, 4, 64, 64, 112, 3)]                      # + ~26 MB of activations
+    share = terms.cold_param_bytes_in_model(big_activations)[:5] / weights
+    assert share.min() == pytest.approx(share.max()) and 0.6 < share.min() < 1.0
+    assert terms.extra_us(big_activations).sum() > 10 * terms.extra_us(five).sum()
+
+
+def test_half_cache_gate_rule_of_older_predictors():
+    terms = ContextTerms(0.0, 10.0, cache_bytes=10_000_000, cold_weight_rule="half_cache_gate")
     two = [matmul_node(0, 1, 512, 1000), matmul_node(1, 1, 1000, 512)]            # 4.1 MB <= 5 MB: warm
     np.testing.assert_array_equal(terms.cold_param_bytes_in_model(two), [0.0, 0.0])
-    assert terms.extra_us(two).sum() == 0.0
     three = two + [matmul_node(2, 1, 512, 1000)]                                    # 6.15 MB > 5 MB: all cold
     np.testing.assert_array_equal(terms.cold_param_bytes_in_model(three), [n.param_bytes for n in three])
     assert terms.extra_us(three).sum() == pytest.approx(10.0 * sum(n.param_bytes for n in three) / 1e6)
+    # a file saved before the rule existed was fitted with the gate and keeps it; a new fit round-trips its rule
+    old = {k: v for k, v in terms.to_dict().items() if k != "cold_weight_rule"}
+    assert ContextTerms.from_dict(old) == terms
+    assert ContextTerms.from_dict(ContextTerms(0.0, 10.0).to_dict()).cold_weight_rule == "cache_share"
+    with pytest.raises(PredictorError, match="cold_weight_rule"):
+        ContextTerms(0.0, 10.0, cold_weight_rule="lru").validate()
 
 
 def test_spilled_activation_rules():
@@ -66,8 +88,10 @@ def test_fit_recovers_known_terms(predictor):
     cache, core = 8 * 2 ** 20, 2 ** 20
     graphs = [chain_graph(nodes[i:i + 30], name=f"m{i}") for i in range(0, 300, 30)]
     truth = ContextTerms(4.0, 25.0, cache, 12.0, core)
-    warm = [g for g in graphs if not truth.cold_param_bytes_in_model(g.nodes).any()]
-    assert 0 < len(warm) < len(graphs) - 3        # models whose weights stay warm, and enough that are cold
+    # the share of its weights the cache cannot keep differs between models (else the rates would not separate)
+    shares = [truth.cold_param_bytes_in_model(g.nodes).sum() / sum(truth.cold_param_bytes(n) for n in g.nodes)
+              for g in graphs]
+    assert min(shares) < max(shares) - 0.1
     assert sum(truth.spilled_activation_bytes(n) > 0 for n in nodes[:300]) >= 10     # the term is exercised
     measured = [(g.nodes, float(pred.predict(g.nodes).sum() + truth.extra_us(g.nodes).sum())) for g in graphs]
     fitted = fit_context_terms(pred, measured, cache_bytes=cache, core_cache=core)
