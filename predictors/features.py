@@ -22,7 +22,7 @@ import numpy as np
 from hetpart.graph import OpNode
 from tvm_passes.tile_plan import conv_prepacks_weights, conv_register_tile
 
-FEATURE_SCHEMA_VERSION = 7
+FEATURE_SCHEMA_VERSION = 8
 # SIMD width (fp32 lanes) assumed by the schedule-derived features when the caller does not give its target's
 # (AVX-512, the machine kind hetpart ships a CPU predictor for); DevicePredictor passes its own target's width.
 DEFAULT_VECTOR_LANES = 16
@@ -116,6 +116,8 @@ FEATURE_SCHEMA: dict[str, str] = {
                               "(tvm_passes.tile_plan; 0 for other kinds): few accumulators starve the FMA units",
     "conv_lane_fill": "share of the conv tile's vector lanes that hold outputs (1 = whole vectors; 1 for other "
                       "kinds)",
+    "pool_bounds_checked": "1 when a pool window can reach outside its input (padding, or ceil_mode rounding the "
+                           "output up), so every load is guarded; 0 otherwise (and for other kinds)",
     "flops_per_sample": "flops / batch",
     "bytes_per_sample": "activation bytes (bytes_total - param_bytes) / batch + param_bytes: the bytes of the "
                         "same kernel at batch 1",
@@ -132,7 +134,7 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
                "stride", "kernel_area", "conv_tile_accumulators", "conv_lane_fill", "batch"),
     "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
     "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems"),
-    "pool": ("bytes_total", "out_elems", "kernel_area", "stride"),
+    "pool": ("bytes_total", "out_elems", "kernel_area", "stride", "pool_bounds_checked"),
     "elementwise": ("bytes_total", "out_elems", "transcendental_elems", "layout_ops", "concat_chain_elems"),
     "reduction": ("bytes_total", "in_elems", "out_elems", "n_members", "transcendental_elems"),
     "data_movement": ("bytes_total", "out_elems", "layout_ops", "n_inputs"),
@@ -161,10 +163,18 @@ PER_SAMPLE_KINDS = frozenset({"conv2d"})
 # held-out batch-4 models' convs up to 2.1x high and batch-1 ones up to 2x low. Leave-one-model-out on
 # profiles_session12a (Intel, the only database at hand): kernels >= 100 µs MAPE 12.4% -> 8.8%, within ±10%
 # 70.0% -> 79.0%; kernels 10-100 µs 11.1% -> 8.8%; model MAPE 16.0% -> 14.0%.
+# Schema 8 tells a pool whose windows can overhang its input from one whose windows cannot. TVM guards every load
+# of an overhanging window (padding, or ceil_mode rounding the output up) and the guarded loop ran 2-4x slower per
+# byte on the Intel host: VGG's unpadded 2x2 max-pools 17-23 µs/MB, the synthetic variations around them (padded by
+# the sampler, k // 2) 90-105; SqueezeNet's 3x3 ceil-mode pools at 111 and 55 px (no overhang) 41-46 µs/MB,
+# GoogLeNet's at 112 px (overhang) 87. Without the feature the polynomial predicted VGG's pools 2.2-2.5x high and
+# SqueezeNet's 1.7x high when their model was held out.
+_WITHOUT_POOL_GUARD = {**KIND_FEATURES, "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "pool_bounds_checked")}
 # Feature lists of earlier schemas whose feature *definitions* this schema keeps: predictors fitted with them load
 # and predict with their own lists (the shipped Zen predictors are schema 6 and their databases are gone).
 KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
-    6: {**KIND_FEATURES, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "batch")},
+    6: {**_WITHOUT_POOL_GUARD, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "batch")},
+    7: _WITHOUT_POOL_GUARD,
     FEATURE_SCHEMA_VERSION: KIND_FEATURES,
 }
 # Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a
@@ -289,6 +299,23 @@ def _matmul_geometry(node: OpNode, out_elems: float) -> dict[str, float]:
     return {"m": m, "n": n, "k": max(1.0, round(node.flops / (2.0 * max(out_elems, 1.0)))), "batch": batch}
 
 
+def _pool_bounds_checked(node: OpNode, attrs: Mapping[str, Any], kh: int, kw: int) -> float:
+    """1.0 when a window of this pool can reach outside its input: explicit padding, or ceil_mode making the last
+    window overhang (``(out - 1) * stride + window > in``); 0.0 for windows that always fit (and global pools)."""
+    if "pool_size" not in attrs:
+        return 0.0
+    if any(int(p) > 0 for p in (attrs.get("padding") or ())):
+        return 1.0
+    shapes, out = node.input_shapes, node.output_shapes[0] if node.output_shapes else ()
+    if not attrs.get("ceil_mode") or not shapes or len(shapes[0]) != 4 or len(out) != 4:
+        return 0.0
+    sh, sw = _pair(attrs.get("strides"), 1)
+    dh, dw = _pair(attrs.get("dilation"), 1)
+    over_h = (out[2] - 1) * sh + (kh - 1) * dh + 1 > shapes[0][2]
+    over_w = (out[3] - 1) * sw + (kw - 1) * dw + 1 > shapes[0][3]
+    return float(over_h or over_w)
+
+
 def _conv_tile(node: OpNode, f: Mapping[str, float], vector_lanes: int) -> tuple[float, float]:
     """(accumulators, lane fill) of the register tile hetpart's CPU conv rule gives a conv-anchored kernel.
 
@@ -319,6 +346,7 @@ def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES) -> di
         "n_members": float(len(member_ops(node))), "batch": 1.0, "in_channels": 0.0, "out_channels": 0.0,
         "out_height": 1.0, "out_width": 1.0, "kernel_h": 1.0, "kernel_w": 1.0, "stride": 1.0, "groups": 1.0,
         "reduction_size": node.flops / (2.0 * max(out_elems, 1.0)), "m": 0.0, "n": 0.0, "k": 0.0,
+        "pool_bounds_checked": 0.0,
     }
     attrs = anchor_attrs(node)
     if kind in ("conv2d", "depthwise_conv2d"):
@@ -336,7 +364,8 @@ def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES) -> di
             kw = max(1, node.input_shapes[0][3] // max(out[3], 1))
         else:
             kh = kw = 1
-        f.update(kernel_h=float(kh), kernel_w=float(kw), stride=float(max(_pair(attrs.get("strides"), 1))))
+        f.update(kernel_h=float(kh), kernel_w=float(kw), stride=float(max(_pair(attrs.get("strides"), 1))),
+                 pool_bounds_checked=_pool_bounds_checked(node, attrs, kh, kw))
     elif kind == "matmul":
         f.update(_matmul_geometry(node, out_elems))
     f["out_spatial"] = f["out_height"] * f["out_width"]

@@ -202,6 +202,9 @@ def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features
     from tests.predictors.synthetic_kernels import conv_node
 
     assert KIND_FEATURES["conv2d"][-1] == "batch" and "batch" not in KIND_FEATURES_BY_SCHEMA[6]["conv2d"]
+    # schema 8 added the pool guard; schemas 6 and 7 keep the pool features they were fitted with
+    assert "pool_bounds_checked" in KIND_FEATURES["pool"]
+    assert all("pool_bounds_checked" not in KIND_FEATURES_BY_SCHEMA[v]["pool"] for v in (6, 7))
     fresh = fitted_predictor[0]
     assert fresh.provenance()["feature_schema_version"] == FEATURE_SCHEMA_VERSION
     assert "batch" in fresh.provenance()["training_ranges"]["conv2d"]

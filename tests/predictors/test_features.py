@@ -55,6 +55,22 @@ def test_matmul_and_pool_geometry():
     assert (p["kernel_area"], p["stride"], p["out_channels"], p["out_height"]) == (9, 2, 16, 13)
 
 
+def test_pool_bounds_checked_when_a_window_can_overhang_the_input():
+    def with_attrs(node, out_hw=None, **attrs):
+        out = node.output_shapes if out_hw is None else ((*node.output_shapes[0][:2], out_hw, out_hw),)
+        return OpNode(**{**node.to_dict(), "attrs": {**node.attrs, **attrs}, "output_shapes": out})
+
+    fits = pool_node(0, 1, 64, 112, 2, 2)                          # VGG: 2x2 / 2 over 112 px, no padding
+    assert feature_vector(fits)["pool_bounds_checked"] == 0.0
+    assert feature_vector(with_attrs(fits, padding=[1, 1, 1, 1], out_hw=57))["pool_bounds_checked"] == 1.0
+    # ceil_mode: 3x3 / 2 over 111 px ends exactly on the edge (55 windows); over 112 px the 56th window overhangs
+    exact = pool_node(1, 1, 64, 111, 3, 2)
+    assert feature_vector(with_attrs(exact, ceil_mode=True))["pool_bounds_checked"] == 0.0
+    overhang = with_attrs(pool_node(2, 1, 64, 112, 3, 2), ceil_mode=True, out_hw=56)
+    assert feature_vector(overhang)["pool_bounds_checked"] == 1.0
+    assert feature_vector(matmul_node(3, 32, 100, 50))["pool_bounds_checked"] == 0.0
+
+
 def test_matmul_geometry_of_a_kernel_that_slices_off_padded_columns():
     """tvm_passes.pad_columns: the kernel computes 1952 columns and keeps 1950; its schedule runs N = 1952."""
     node = _node("fused:matmul+add+strided_slice", in_shapes=((35, 1, 650), (650, 1952)),
