@@ -16,8 +16,9 @@ Public API (used by tvm_passes.build and predictors.workloads / predictors.profi
 # 3: matmul column tiles are 1, 2 or 4 vectors, never 3; 4: concatenations are partitioned per input (concat rule);
 # 5: exp, tanh, sigmoid, erf (and gelu, silu, softmax) are legalized to TVM's vectorisable fast versions
 # (tvm_passes.legalize), not a scalar libm call per element; 6 (never released): concat chunks are whole vectors;
-# 7: concat chunk runs are whole vectors or >= 128 elements.
-RULES_VERSION = 7
+# 7: concat chunk runs are whole vectors or >= 128 elements; 8: a zero-width pad (TOPI's copy of an unpadded conv's
+# input) is inlined into the contraction instead of copied.
+RULES_VERSION = 8
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights

@@ -10,7 +10,12 @@ The epilogue (bias add, residual add, relu/clip, batch-norm scale/shift) that Fu
 first collapsed into a single block (``compute_inline`` of the intermediate injective blocks), then moved
 into the tile (``reverse_compute_at``), so it runs on each tile while it is still in registers/L1 and the
 full-size intermediate buffer disappears.  Padding blocks feeding the contraction stay separate stages
-(parallel, vectorised copies); inlining them would put a bounds check in the innermost loop.
+(parallel, vectorised copies); inlining them would put a bounds check in the innermost loop.  A pad of width 0
+(TOPI gives every unpadded conv one: a full copy of its input) is inlined instead: it has no bounds to check, and
+the copy, split over the cores by channel, left each core's half of the input in the other core's L2 when the
+conv then read all of it.  On the 2-core Intel host a 64->16 1x1 conv at 55x55 went from 203 to 76 µs (it had
+run 155 µs on one thread), 128->32 at 27x27 from 93 to 25 µs; whole models 1.03-1.10x faster (ResNet-50,
+DenseNet-121, GoogLeNet, MobileNetV2, SqueezeNet at 224 px).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tvm import s_tir
+import tvm
+from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ..tile_plan import pick_factor  # noqa: F401  (re-exported: the rules import it from here)
@@ -65,6 +71,17 @@ def schedule_producer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, targe
         sch.parallel(fused)
 
 
+def _is_plain_copy(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> bool:
+    """A producer that copies its input element for element (a pad of width 0): ``out[i...] = in[i...]``."""
+    stmt = sch.get(block)
+    body = stmt.body
+    if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tvm.ir.TensorLoad):
+        return False
+    load = body.value
+    return len(load.indices) == len(body.indices) and all(
+        a.same_as(b) for a, b in zip(load.indices, body.indices))
+
+
 def _move_vector_axis_innermost(sch: s_tir.Schedule, main: s_tir.schedule.SBlockRV, plan: TilePlan) -> None:
     """Relayout the contraction's (intermediate) output so ``vec_axis % vec_factor`` is the last dimension."""
     axis, lanes = plan.vec_axis, plan.vec_factor
@@ -80,7 +97,11 @@ def schedule_contraction(sch: s_tir.Schedule, main_name: str, plan: TilePlan, ta
     main = sch.get_sblock(main_name)
     names = [summary.name for _, summary in summarize_blocks(sch)]
     for name in names[: names.index(main_name)]:
-        schedule_producer(sch, sch.get_sblock(name), target)
+        block = sch.get_sblock(name)
+        if _is_plain_copy(sch, block):
+            sch.compute_inline(block)
+        else:
+            schedule_producer(sch, block, target)
     epilogue = _inline_epilogue_chain(sch, main_name)
     if plan.vec_axis != plan.n_spatial - 1:
         # Vectorising a non-innermost output axis: accumulate in an intermediate buffer whose layout puts

@@ -90,6 +90,7 @@ CONV_CASES = [
     pytest.param(16, 32, 15, 3, 2, 1, id="3x3-stride2-odd"),
     pytest.param(20, 24, 13, 1, 1, 1, id="1x1-ragged-channels"),
     pytest.param(16, 32, 27, 1, 1, 1, id="1x1-width27-prepacked"),
+    pytest.param(32, 64, 14, 1, 2, 1, id="1x1-stride2"),
     pytest.param(20, 20, 15, 3, 2, 20, id="depthwise-stride2"),
     pytest.param(16, 24, 11, 3, 1, 4, id="grouped"),
 ]
@@ -111,6 +112,19 @@ def test_conv2d_rule_matches_numpy(target, cin, cout, size, kernel, stride, grou
     _assert_rule(funcs, "conv2d_nchw")
     got = _run(mod, target, [x])
     np.testing.assert_allclose(got, _conv_ref(x, w, b, stride, pad, groups), rtol=TOL, atol=TOL)
+
+
+def test_a_zero_width_pad_is_read_in_place_not_copied(target):
+    """TOPI gives an unpadded conv a "pad" stage that copies its input; the rule inlines it (the conv reads its
+    input directly), while a real pad stays a separate stage (inlined, it would bounds-check every load)."""
+    x_shape = (1, 64, 28, 28)
+    for kernel, copied in ((1, False), (3, True)):
+        w = RNG.randn(32, 64, kernel, kernel).astype("float32")
+        mod = _module([("x", x_shape, "float32")],
+                      lambda xv: relax.op.nn.conv2d(xv, relax.const(w), padding=kernel // 2))
+        (conv,) = [f for f in _scheduled_funcs(mod, target).values()
+                   if f.attrs.get("hetpart.cpu_rule") == "conv2d_nchw"]
+        assert ("pad_temp" in conv.script()) == copied, kernel
 
 
 def _kernel_layouts(mod):
