@@ -92,6 +92,29 @@ def resolve_cpu_predictor_path(path: str | Path | None = None) -> Path:
     return Path(path or os.environ.get("HETPART_CPU_PREDICTOR") or default_cpu_predictor_path())
 
 
+def predictor_rules_version(predictor: Any) -> int | None:
+    """The version of hetpart's CPU schedule rules (``tvm_passes.schedules.RULES_VERSION``) that compiled the
+    kernels a predictor was fitted on, from the pipeline versions its profile database recorded; None when the
+    predictor does not record them (fitted before they were kept)."""
+    found = [int(part.removeprefix("rules-")) for version in
+             predictor.fit_info.get("training", {}).get("pipeline_versions", ())
+             for part in str(version).split(".") if part.startswith("rules-") and part[6:].isdigit()]
+    return max(found) if found else None
+
+
+def stale_rules_note(predictor: Any) -> str | None:
+    """Why a predictor's costs may be stale for this hetpart's kernels (older CPU rules), or None."""
+    from tvm_passes.schedules import RULES_VERSION
+
+    fitted = predictor_rules_version(predictor)
+    if fitted is not None and fitted >= RULES_VERSION:
+        return None
+    when = f"CPU rules v{fitted}" if fitted is not None else "CPU rules it does not record"
+    return (f"fitted on kernels compiled by {when}; this hetpart compiles v{RULES_VERSION} (see "
+            "tvm_passes/schedules/__init__.py), so the costs of the kernels those rules changed are stale (v8 made "
+            "unpadded convs faster)")
+
+
 def cpu_cost_note(predictor: Any, path: Path) -> str:
     """One line for the report: which predictor gave the CPU costs, the CPU it was measured on and, when it was
     scaled to this host by the canary (:mod:`predictors.canary_scaling`), by how much."""
@@ -104,6 +127,9 @@ def cpu_cost_note(predictor: Any, path: Path) -> str:
         note += (f"; scaled x{scaling['speed_ratio']:.2f} to this host by the canary kernel "
                  f"({scaling['host_canary_us']:.1f} µs here with {scaling['host_threads']} thread(s), "
                  f"{scaling['predictor_canary_us']:.1f} µs where it was measured)")
+    stale = stale_rules_note(predictor)
+    if stale:
+        note += f"; {stale}"
     return note
 
 
@@ -143,6 +169,10 @@ def load_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = 
         log.warning("the CPU predictor %s was fitted on kernels timed with %d TVM thread(s); this deployment runs %d "
                     "(TVM_NUM_THREADS): its CPU costs are %s. Profile and fit with the deployment's "
                     "TVM_NUM_THREADS.", path, predictor.num_threads, threads, remedy)
+    stale = stale_rules_note(predictor)
+    if stale:
+        log.warning("the CPU predictor %s was %s. Refit it on this host: `hetpart profile --device cpu "
+                    "--budget-minutes 60 && hetpart fit`.", path, stale)
     return result
 
 

@@ -204,7 +204,10 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
         logger.warning("no complete model variant in %s: the in-model terms stay 0", db_path)
     with ModelDatabase(db_path) as models:
         runs = models.profile_runs(device)
+        pipelines = sorted({r.pipeline_version for r in models.variants(device, data.target, data.tvm_version)
+                            if r.pipeline_version})
     info = {"fit_seconds": time.perf_counter() - start, "n_kernels": len(keys), "n_training_rows": len(nodes),
+            "pipeline_versions": pipelines,     # extractor + CPU rules that compiled the kernels (zoo_profile)
             "profile_runs": len(runs), "profile_seconds_total": sum(r["elapsed_s"] for r in runs),
             "n_synthetic_kernels": len(set(keys) - data.zoo_keys), "n_model_records": len(data.records),
             "excluded_tir_feature_rows": data.excluded_tir_features, "canary_reference_us": data.reference_canary_us,

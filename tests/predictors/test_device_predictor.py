@@ -47,6 +47,7 @@ def test_thread_count_survives_json_and_a_mismatched_deployment_is_warned(fitted
 
     predictor, nodes = fitted_predictor
     predictor.num_threads = 2
+    predictor.fit_info["training"] = {"pipeline_versions": [_current_pipeline()]}     # kernels of today's rules
     predictor.save(tmp_path / "cpu.json")
     assert DevicePredictor.load(tmp_path / "cpu.json").provenance()["num_threads"] == 2
     monkeypatch.setenv("TVM_NUM_THREADS", "2")
@@ -57,6 +58,50 @@ def test_thread_count_survives_json_and_a_mismatched_deployment_is_warned(fitted
     with caplog.at_level("WARNING", logger="hetpart.compiler"):
         load_cpu_predictor(tmp_path / "cpu.json")
     assert "timed with 2 TVM thread(s); this deployment runs 1" in caplog.text
+
+
+def _current_pipeline() -> str:
+    from predictors.zoo_profile import PIPELINE_VERSION
+
+    return PIPELINE_VERSION
+
+
+def test_a_predictor_fitted_on_kernels_of_older_cpu_rules_is_warned_and_noted(fitted_predictor, tmp_path, caplog):
+    """Kernels compiled by older schedule rules ran at other speeds (v8 made unpadded convs faster): a predictor
+    fitted on them says so in a warning and in the report's cost note; one of today's rules says nothing."""
+    import copy
+
+    import hetpart.compiler as compiler
+    from tvm_passes.schedules import RULES_VERSION
+
+    predictor = copy.deepcopy(fitted_predictor[0])
+    predictor.num_threads = None
+    cases = {"current": [_current_pipeline()], "older": [_current_pipeline().replace(
+        f"rules-{RULES_VERSION}", f"rules-{RULES_VERSION - 1}")], "unrecorded": None}
+    for name, pipelines in cases.items():
+        predictor.fit_info["training"] = {} if pipelines is None else {"pipeline_versions": pipelines}
+        predictor.save(tmp_path / f"{name}.json")
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hetpart.compiler"):
+            loaded = compiler.load_cpu_predictor(tmp_path / f"{name}.json", scale_to_host=False)
+        note = compiler.cpu_cost_note(loaded, tmp_path / f"{name}.json")
+        stale = name != "current"
+        assert ("this hetpart compiles v" in caplog.text) is stale and ("costs of the kernels" in note) is stale
+        if name == "older":
+            assert compiler.predictor_rules_version(loaded) == RULES_VERSION - 1
+            assert f"CPU rules v{RULES_VERSION - 1}" in note
+    # a fit records the pipeline its database's kernels were compiled by
+    import sqlite3
+
+    from predictors.training import fit_from_db
+    from tests.predictors.test_zoo_profile import build_fake_db
+
+    build_fake_db(tmp_path / "p.sqlite")
+    with sqlite3.connect(tmp_path / "p.sqlite") as conn:
+        conn.execute("UPDATE hetpart_model_variants SET pipeline_version = ?", (_current_pipeline(),))
+    fitted, info = fit_from_db(tmp_path / "p.sqlite")
+    assert info["pipeline_versions"] == [_current_pipeline()]
+    assert compiler.predictor_rules_version(fitted) == RULES_VERSION
 
 
 def test_measured_kernels_are_predicted_by_their_label_and_others_by_the_models(tmp_path):
@@ -248,6 +293,7 @@ def test_a_predictor_from_another_cpu_is_warned_and_fit_writes_one_for_this_cpu(
 
     predictor = copy.deepcopy(fitted_predictor[0])                    # the fixture is shared by the module
     predictor.target, predictor.num_threads = {"kind": "llvm", "mcpu": "znver5"}, None   # no thread warning
+    predictor.fit_info["training"] = {"pipeline_versions": [_current_pipeline()]}      # nor a rules warning
     predictor.save(tmp_path / "cpu.json")
     for host, warned in (("znver5", False), ("znver4", True)):
         monkeypatch.setattr(compiler, "host_cpu_name", lambda host=host: host)
