@@ -262,7 +262,8 @@ def test_miss_analysis_tells_predictor_errors_from_unstable_labels(tmp_path):
     its label, and possibly label noise when one does not."""
     db = tmp_path / "p.sqlite"
     build_fake_db(db)                                 # model0's kernels re-measured at +2% (s3) and -2% (s4)
-    from predictors.training import load_training_data, miss_analysis
+    from predictors.noise import miss_analysis
+    from predictors.training import load_training_data
 
     name = "model0"
     keys = load_training_data(db).model_keys[name]
@@ -379,7 +380,8 @@ def test_batch_variants_seed_synthetic_kernels_that_refine_times_again(tmp_path)
 @pytest.mark.tvm
 def test_profile_campaign_is_resumable_and_records_models_retests_and_synthetic_kernels(tmp_path):
     from predictors import sampling
-    from predictors.training import load_training_data, noise_floor_of
+    from predictors.noise import noise_floor_of
+    from predictors.training import load_training_data
     from predictors.refine import refine_zoo
     from predictors.zoo_profile import profile_zoo
 
@@ -437,7 +439,8 @@ def test_profile_campaign_is_resumable_and_records_models_retests_and_synthetic_
 def test_refine_passes_are_separate_sessions_within_the_budget(tmp_path):
     from predictors import sampling
     from predictors.refine import refine_passes
-    from predictors.training import load_training_data, noise_floor_of
+    from predictors.noise import noise_floor_of
+    from predictors.training import load_training_data
     from predictors.zoo_profile import profile_zoo
 
     CountingProfiler = _counting_profiler()
