@@ -8,7 +8,10 @@ ResNet-50 was predicted 45% low (its whole-model time is 1.4-1.8x the sum of its
 The probe reads arrays of growing size (``max`` over float32, best of several passes; single-threaded) and finds
 where the read bandwidth falls off: the effective cache is the largest size whose bandwidth, and that of every
 smaller size, stays within :data:`BANDWIDTH_DROP` of the small arrays'. Measured on that Intel guest (GB/s):
-4 MiB 32.4, 8-48 MiB 28.5-29.2, 64 MiB 23.6, 96-256 MiB 14.9-15.1 -> 48 MiB.
+4 MiB 32.4, 8-48 MiB 28.5-29.2, 64 MiB 23.6, 96-256 MiB 14.9-15.1 -> 48 MiB. The size at the edge is not stable
+there: three curves in a row read 64 MiB at 16.1, 27.4 and 19.4 GB/s (48, 64 and 48 MiB; other guests share that
+cache), and one curve had stored 64 MiB in a database. So the curve is measured :data:`PROBE_REPEATS` times and
+each size's median bandwidth decides.
 
 ``hetpart profile`` measures it once per profile database (on the host being profiled) and stores it in the
 database's ``hetpart_meta``; ``hetpart fit`` and ``hetpart evaluate`` use the stored value (an older database
@@ -31,6 +34,7 @@ PROBE_SIZES_MIB = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 REFERENCE_MAX_MIB = 16         # sizes up to this set the in-cache bandwidth (median of them)
 BANDWIDTH_DROP = 0.15          # a size is cached while its bandwidth is >= (1 - this) x the reference
 META_KEY = "effective_cache_bytes"
+PROBE_REPEATS = 3              # curves measured; each size's median bandwidth decides
 
 BandwidthProbe = Callable[[int], float]     # size in MiB -> read bandwidth (bytes/s)
 
@@ -65,13 +69,17 @@ def effective_cache_from_curve(bandwidth: Mapping[int, float]) -> int:
 
 
 def measure_effective_cache_bytes(probe: BandwidthProbe = read_bandwidth,
-                                  sizes_mib: Sequence[int] | None = None) -> int:
-    """Probe this host (sizes up to twice the sysfs last-level cache, at most 512 MiB) and return the effective
-    last-level cache in bytes; about 2-4 s."""
+                                  sizes_mib: Sequence[int] | None = None, repeats: int = PROBE_REPEATS) -> int:
+    """Probe this host (sizes up to twice the sysfs last-level cache, at most 512 MiB; ``repeats`` curves, the
+    median bandwidth of each size) and return the effective last-level cache in bytes; about 2-4 s per curve."""
     if sizes_mib is None:
         limit_mib = max(2 * last_level_cache_bytes() // 2 ** 20, 64)
         sizes_mib = [s for s in PROBE_SIZES_MIB if s <= limit_mib]
-    curve = {int(s): float(probe(int(s))) for s in sizes_mib}
+    samples: dict[int, list[float]] = {int(s): [] for s in sizes_mib}
+    for _ in range(max(1, repeats)):
+        for size in samples:
+            samples[size].append(float(probe(size)))
+    curve = {size: float(np.median(values)) for size, values in samples.items()}
     cache = effective_cache_from_curve(curve)
     logger.info("effective last-level cache: %d MiB (read bandwidth %s; sysfs reports %d MiB)", cache // 2 ** 20,
                 ", ".join(f"{s} MiB {bw / 1e9:.1f} GB/s" for s, bw in curve.items()),
