@@ -110,9 +110,8 @@ def stale_rules_note(predictor: Any) -> str | None:
     if fitted is not None and fitted >= RULES_VERSION:
         return None
     when = f"CPU rules v{fitted}" if fitted is not None else "CPU rules it does not record"
-    return (f"fitted on kernels compiled by {when}; this hetpart compiles v{RULES_VERSION} (see "
-            "tvm_passes/schedules/__init__.py), so the costs of the kernels those rules changed are stale (v8 made "
-            "unpadded convs faster)")
+    return (f"fitted on kernels compiled by {when}; this hetpart compiles v{RULES_VERSION}, so the costs of the "
+            "kernels the newer rules changed are stale (tvm_passes/schedules/__init__.py lists each version's change)")
 
 
 def cpu_cost_note(predictor: Any, path: Path) -> str:
