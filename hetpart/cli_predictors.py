@@ -30,7 +30,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from predictors import sampling
     from predictors.cache_probe import effective_cache_bytes_for_db
     from predictors.refine import refine_passes
-    from predictors.zoo_profile import BestWindowProfiler, profile_zoo
+    from predictors.model_timing import BestWindowProfiler
+    from predictors.zoo_profile import profile_zoo
 
     if args.device != "cpu":
         raise PredictorError(f"hetpart profile --device must be 'cpu'; found {args.device!r}. GPU kernels are "

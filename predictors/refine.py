@@ -1,7 +1,7 @@
 """Refine a profile database: measure its zoo kernels, models and synthetic kernels again; keep the lower medians.
 
 Contention on a shared machine only ever adds time, so over several sessions the lowest median is the best estimate
-of a kernel's own latency (``hetpart profile --refine``; the same rule :class:`~predictors.zoo_profile.
+of a kernel's own latency (``hetpart profile --refine``; the same rule :class:`~predictors.model_timing.
 BestWindowProfiler` applies within a session). Each pass also records its timings as retests of its session, the
 data of the noise floors in :func:`predictors.training.noise_floor_of`.
 
@@ -37,8 +37,8 @@ from predictors.kernel_mapping import map_kernels
 from predictors.model_db import ModelDatabase, ModelVariantRecord
 from predictors.profiler import KernelProfiler
 from predictors.store import CANARY_TRUST, Measurement, ProfileStore, normalise_latency
-from predictors.zoo_profile import (current_marker_suffix, import_variant, measure_model, model_windows,
-                                   release_memory)
+from predictors.model_timing import import_variant, measure_model, model_windows, release_memory
+from predictors.zoo_profile import current_marker_suffix
 
 logger = logging.getLogger(__name__)
 
