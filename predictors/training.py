@@ -199,7 +199,11 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
     predictor.fit(nodes, labels)
     cache = effective_cache_bytes_for_db(db_path, json.loads(data.target).get("mcpu"))
     if data.records:
-        predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()], cache_bytes=cache)
+        terms = predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()],
+                                      cache_bytes=cache)
+        logger.info("in-model terms: %.1f µs per kernel, %.0f µs per cold MB (a model keeps %.0f of the %.0f MiB "
+                    "cache), %.1f µs per spilled MB", terms.per_kernel_overhead_us, terms.cold_param_us_per_mb,
+                    terms.cache_bytes / 2 ** 20, cache / 2 ** 20, terms.spilled_activation_us_per_mb)
     else:
         logger.warning("no complete model variant in %s: the in-model terms stay 0", db_path)
     with ModelDatabase(db_path) as models:
@@ -211,7 +215,7 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
             "profile_runs": len(runs), "profile_seconds_total": sum(r["elapsed_s"] for r in runs),
             "n_synthetic_kernels": len(set(keys) - data.zoo_keys), "n_model_records": len(data.records),
             "excluded_tir_feature_rows": data.excluded_tir_features, "canary_reference_us": data.reference_canary_us,
-            "effective_cache_bytes": cache,
+            "effective_cache_bytes": cache,     # measured (cache probe); the fitted share is in the context terms
             "excluded_orphan_rows": data.excluded_orphan_rows, "profile_db": str(db_path),
             "excluded_models": data.excluded_models}
     predictor.fit_info.update({"training": info})

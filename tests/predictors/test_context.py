@@ -110,6 +110,23 @@ def test_fit_recovers_known_terms(predictor):
         predict_model_latency_us(op_level, pred)
 
 
+def test_fit_finds_the_cache_a_model_keeps(predictor):
+    """Models measured on a host whose LLC keeps 8 MiB between inferences, fitted with a 16 MiB measured LLC: the
+    fit picks the 0.5 share and recovers the rates; with the share fixed at 1 it cannot."""
+    pred, nodes = predictor
+    graphs = [chain_graph(nodes[i:i + 30], name=f"m{i}") for i in range(0, 300, 30)]
+    truth = ContextTerms(4.0, 25.0, 8 * 2 ** 20, 12.0, 2 ** 20)
+    measured = [(g.nodes, float(pred.predict(g.nodes).sum() + truth.extra_us(g.nodes).sum())) for g in graphs]
+    fitted = fit_context_terms(pred, measured, cache_bytes=16 * 2 ** 20, core_cache=2 ** 20)
+    assert fitted.cache_bytes == 8 * 2 ** 20
+    assert fitted.cold_param_us_per_mb == pytest.approx(25.0, rel=1e-6)
+    assert fitted.per_kernel_overhead_us == pytest.approx(4.0, rel=1e-6)
+    fixed = fit_context_terms(pred, measured, cache_bytes=16 * 2 ** 20, core_cache=2 ** 20, cache_shares=(1.0,))
+    assert fixed.cache_bytes == 16 * 2 ** 20 and fixed.cold_param_us_per_mb != pytest.approx(25.0, rel=1e-3)
+    with pytest.raises(PredictorError, match="cache_shares"):
+        fit_context_terms(pred, measured, cache_bytes=2 ** 24, cache_shares=(0.0, 1.0))
+
+
 def test_terms_never_go_negative(predictor):
     pred, nodes = predictor
     graphs = [chain_graph(nodes[i:i + 20]) for i in (0, 40)]
