@@ -186,15 +186,51 @@ def gate_op_count(node: OpNode) -> int:
     return sum(m in _GATE_SEED_OPS for m in member_ops(node))
 
 
+# Batch variations of weight-heavy convolutions (:func:`batch_probe_specs`), measured in addition to the capped
+# sample. A conv is modelled per batch element with the batch as a feature; the capped sample's batch variations
+# (one per seed, a few dozen kept) were almost all small convs, which run up to 2x faster per sample at batch 4.
+# The polynomial carried that speed-up to convs whose weights dominate their traffic and which scale at least
+# linearly: ResNet-18's 512->512 3x3 conv at 7x7 took 1.5 ms at batch 1 and 6.5-6.7 ms at batch 4, predicted
+# 3.0 ms with ResNet-18 at batch 4 held out (profiles_session13b). Batches 2 and 8 bracket the zoo's batch 4
+# without duplicating a zoo kernel (which would leak held-out kernels into leave-one-model-out training).
+BATCH_PROBE_MIN_PARAM_BYTES = 512 * 1024
+BATCH_PROBE_BATCHES = (2, 8)
+BATCH_PROBE_MAX_FLOPS = 8e9          # per call at the probe batch: keeps each measurement well under a second
+
+
+def batch_probe_specs(zoo_nodes: Iterable[OpNode]) -> set[SyntheticSpec]:
+    """conv2d specs at :data:`BATCH_PROBE_BATCHES` for every batch-1 zoo conv (square window, one group) with at
+    least :data:`BATCH_PROBE_MIN_PARAM_BYTES` of weights and at most :data:`BATCH_PROBE_MAX_FLOPS` per call."""
+    from predictors.features import feature_vector, kernel_kind
+
+    specs: set[SyntheticSpec] = set()
+    for node in zoo_nodes:
+        if kernel_kind(node) != "conv2d" or node.param_bytes < BATCH_PROBE_MIN_PARAM_BYTES:
+            continue
+        f = feature_vector(node)
+        if int(f["batch"]) != 1 or f["kernel_h"] != f["kernel_w"] or f["groups"] != 1 or f["in_channels"] < 1:
+            continue
+        stride = int(f["stride"])
+        base = dict(ci=int(f["in_channels"]), co=int(f["out_channels"]), hw=max(1, int(f["out_height"]) * stride),
+                    k=int(f["kernel_h"]), stride=stride)
+        for batch in BATCH_PROBE_BATCHES:
+            if batch * float(f["flops_per_sample"]) <= BATCH_PROBE_MAX_FLOPS:
+                specs.add(SyntheticSpec.of("conv2d", n=batch, **base))
+    return specs
+
+
 def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 1200, seed: int = 0) -> list[SyntheticSpec]:
     """Variations around the zoo's conv / matmul / pool kernels, one parameter changed at a time.
 
     ``zoo_nodes``: kernel-level nodes of the zoo models at every batch and size (their kinds and geometry seed the
     variations). At most ``max_specs`` specs, shared out among the ops by :func:`balanced_subsample` when there
-    are more, always deduped.
+    are more, always deduped; plus the :func:`batch_probe_specs` (sorted by name with them). The probes were added
+    without a :data:`SYNTHETIC_VERSION` bump: the capped sample is unchanged, so a database profiled before keeps
+    its synthetic rows and ``hetpart profile`` measures only the probes.
     """
     from predictors.features import feature_vector, kernel_kind
 
+    zoo_nodes = list(zoo_nodes)
     specs: set[SyntheticSpec] = set()
 
     def add(op: str, **params: int) -> None:
@@ -256,7 +292,8 @@ def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 1200, seed: in
             n4, c4, h4, _ = node.output_shapes[0]
             for c in _near(int(c4), (0.5, 2.0)):
                 add("add_relu", n=int(n4), c=c, hw=int(h4))
-    return balanced_subsample(specs, max_specs, seed)
+    return sorted(set(balanced_subsample(specs, max_specs, seed)) | batch_probe_specs(zoo_nodes),
+                  key=lambda spec: spec.name)
 
 
 def balanced_subsample(specs: Iterable[SyntheticSpec], max_specs: int, seed: int = 0) -> list[SyntheticSpec]:

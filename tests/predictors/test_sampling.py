@@ -70,6 +70,21 @@ def test_synthetic_specs_vary_one_parameter_around_zoo_kernels_and_dedupe():
     assert few == sampling.synthetic_specs(seeds, max_specs=5, seed=1)    # seeded
 
 
+def test_weight_heavy_convs_get_batch_probes_beyond_the_cap():
+    heavy = conv_node(0, 1, 512, 512, 7, 3)                   # 9.4 MB of weights at batch 1
+    seeds = [heavy, conv_node(1, 1, 64, 64, 56, 3),          # 0.15 MB: no probes
+             conv_node(2, 4, 256, 256, 14, 3),                # batch 4 already (a zoo variant): no probes
+             conv_node(3, 1, 512, 512, 14, 3, groups=512),    # depthwise: no probes
+             conv_node(4, 1, 256, 256, 112, 3)]               # 2.4 MB but 14.8 GFLOP per call at batch 2
+    probes = sampling.batch_probe_specs(seeds)
+    base = dict(ci=512, co=512, hw=7, k=3, stride=1)
+    assert probes == {SyntheticSpec.of("conv2d", n=b, **base) for b in sampling.BATCH_PROBE_BATCHES}
+    assert 4 not in sampling.BATCH_PROBE_BATCHES               # never a zoo batch: no held-out kernel leaks
+    capped = sampling.synthetic_specs(seeds, max_specs=3)
+    assert probes <= set(capped) and 3 <= len(capped) <= 3 + len(probes)       # the cap holds for the rest
+    assert capped == sorted(capped, key=lambda s: s.name)
+
+
 def test_balanced_subsample_shares_the_budget_equally_among_ops():
     convs = [SyntheticSpec.of("conv2d", n=1, ci=ci, co=64, hw=56, k=3, stride=1) for ci in range(1, 101)]
     matmuls = [SyntheticSpec.of("matmul", m=m, k=64, n=64) for m in range(1, 31)]
