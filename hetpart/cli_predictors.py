@@ -78,10 +78,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     output = args.output or cpu_predictor_path_for(host_cpu_name())
     predictor, info = fit_from_db(db, device=args.device, output=output)
     ctx = predictor.context
-    cache = ("measured" if info.get("effective_cache_bytes") else "from sysfs: the database has no probe of its host")
+    measured = info.get("effective_cache_bytes")
+    cache = (f"of the {measured / 2 ** 20:.0f} MiB measured" if measured
+             else "of sysfs's size: the database has no probe of its host")
     log.info("fitted %s predictor on %d kernels timed with %s TVM thread(s) in %.1f s (in a model: +%.2f us per "
-             "kernel, +%.1f us per MB of cold weights with a %.0f MiB last-level cache (%s), +%.1f us per MB of "
-             "activations beyond %.1f MiB) -> %s",
+             "kernel, +%.1f us per MB of cold weights, a model keeping %.0f MiB %s last-level cache, +%.1f us per "
+             "MB of activations beyond %.1f MiB) -> %s",
              args.device, info["n_kernels"], predictor.num_threads or "?", info["fit_seconds"],
              ctx.per_kernel_overhead_us, ctx.cold_param_us_per_mb, ctx.cache_bytes / 2 ** 20, cache,
              ctx.spilled_activation_us_per_mb, ctx.core_cache_bytes / 2 ** 20, output)

@@ -201,9 +201,9 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
     if data.records:
         terms = predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()],
                                       cache_bytes=cache)
-        logger.info("in-model terms: %.1f µs per kernel, %.0f µs per cold MB (a model keeps %.0f of the %.0f MiB "
-                    "cache), %.1f µs per spilled MB", terms.per_kernel_overhead_us, terms.cold_param_us_per_mb,
-                    terms.cache_bytes / 2 ** 20, cache / 2 ** 20, terms.spilled_activation_us_per_mb)
+        logger.debug("in-model terms: %.1f µs per kernel, %.0f µs per cold MB (a model keeps %.0f MiB of the "
+                     "last-level cache), %.1f µs per spilled MB", terms.per_kernel_overhead_us,
+                     terms.cold_param_us_per_mb, terms.cache_bytes / 2 ** 20, terms.spilled_activation_us_per_mb)
     else:
         logger.warning("no complete model variant in %s: the in-model terms stay 0", db_path)
     with ModelDatabase(db_path) as models:
