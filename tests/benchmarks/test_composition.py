@@ -1,23 +1,16 @@
 """benchmarks/composition.py on a tiny CNN: every kernel call is captured in order and replayed in every mode."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from tests.predictors.test_zoo_profile import tiny_cnn
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "composition.py"
+from tests.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_composition", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("composition")
 
 
 @pytest.mark.tvm

@@ -1,20 +1,14 @@
 """benchmarks/partition.py on tiny cases: every ratio is >= 1 (the reference is an optimum or a lower bound)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "partition.py"
+from tests.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_partition", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("partition")
 
 
 def test_run_benchmark_on_tiny_graphs(bench, tmp_path):
