@@ -123,7 +123,10 @@ def test_kernel_with_tuple_outputs_is_profiled():
     multi = [w for w in workloads if len(w.output_shapes) == 2]
     assert multi and multi[0].output_shapes == ((4, 8), (4, 8))
     result = KernelProfiler(protocol=TimingProtocol(repeat=3, min_repeat_us=100)).measure(multi[0])
-    assert result.status == "ok" and result.median_us > 0
+    # timed, not failed: on a busy host (a clean-clone CI run beside another test run) three repeats of this
+    # 1 µs kernel once spread > 10% and the row was rejected as noisy -- the protocol working, not this bug
+    assert result.status in ("ok", "rejected_noisy"), result.error
+    assert result.median_us is not None and result.median_us > 0
 
 
 def test_kernel_workload_json_round_trip(by_kind):
