@@ -199,11 +199,7 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
     predictor.fit(nodes, labels)
     cache = effective_cache_bytes_for_db(db_path, json.loads(data.target).get("mcpu"))
     if data.records:
-        terms = predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()],
-                                      cache_bytes=cache)
-        logger.debug("in-model terms: %.1f µs per kernel, %.0f µs per cold MB (a model keeps %.0f MiB of the "
-                     "last-level cache), %.1f µs per spilled MB", terms.per_kernel_overhead_us,
-                     terms.cold_param_us_per_mb, terms.cache_bytes / 2 ** 20, terms.spilled_activation_us_per_mb)
+        predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()], cache_bytes=cache)
     else:
         logger.warning("no complete model variant in %s: the in-model terms stay 0", db_path)
     with ModelDatabase(db_path) as models:
