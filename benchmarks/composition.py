@@ -114,7 +114,7 @@ def replay(calls: Sequence[Call], mode: str, reps: int, unrelated: Callable[[], 
     return np.median(per_call, axis=0)
 
 
-def measure_model(name: str, profiler: Any, reps: int, evict_bytes: int) -> dict[str, Any]:
+def replay_model(name: str, profiler: Any, reps: int, evict_bytes: int) -> dict[str, Any]:
     from predictors import sampling
     from predictors.model_timing import import_variant, release_memory
 
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     models = [m for m in args.models.split(",") if m]
     results = []
     for done, name in enumerate(models, 1):
-        results.append(measure_model(name, profiler, args.reps, evict_bytes))
+        results.append(replay_model(name, profiler, args.reps, evict_bytes))
         s = results[-1]["sum_us"]
         logger.info("%d/%d %s: model %.0f us, in_sequence %.0f, repeated %.0f, L2-evicted %.0f", done, len(models),
                     name, results[-1]["model_us"], s["in_sequence"], s["repeated"], s["l2_evicted_between"])
