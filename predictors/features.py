@@ -20,9 +20,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from hetpart.graph import OpNode
+from predictors.feature_schema import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES,  # noqa: F401
+                                       KIND_FEATURES_BY_SCHEMA, PER_SAMPLE_KINDS, RESIDUAL_EXCLUDED)
 from tvm_passes.tile_plan import conv_prepacks_weights, conv_register_tile
 
-FEATURE_SCHEMA_VERSION = 8
 # SIMD width (fp32 lanes) assumed by the schedule-derived features when the caller does not give its target's
 # (AVX-512, the machine kind hetpart ships a CPU predictor for); DevicePredictor passes its own target's width.
 DEFAULT_VECTOR_LANES = 16
@@ -127,63 +128,6 @@ FEATURE_SCHEMA: dict[str, str] = {
     "log_arithmetic_intensity": "log(1 + arithmetic_intensity)",
 }
 
-# Raw (positive) features each per-kind polynomial model uses; the model takes log(1 + x) itself. The first
-# feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
-KIND_FEATURES: dict[str, tuple[str, ...]] = {
-    "conv2d": ("flops_per_sample", "bytes_per_sample", "out_spatial", "out_channels_pad8", "reduction_size",
-               "stride", "kernel_area", "conv_tile_accumulators", "conv_lane_fill", "batch"),
-    "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
-    "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems"),
-    "pool": ("bytes_total", "out_elems", "kernel_area", "stride", "pool_bounds_checked"),
-    "elementwise": ("bytes_total", "out_elems", "transcendental_elems", "layout_ops", "concat_chain_elems"),
-    "reduction": ("bytes_total", "in_elems", "out_elems", "n_members", "transcendental_elems"),
-    "data_movement": ("bytes_total", "out_elems", "layout_ops", "n_inputs"),
-    "other": ("flops", "bytes_total", "out_elems"),
-}
-# conv2d's last two features describe the register tile hetpart's CPU conv rule picks (tvm_passes.tile_plan): a
-# tile of 4 columns x 2 vectors (ResNet-50's 4x4 maps at 112 px) runs at half the FLOP rate of 7 x 2 (its 7x7 maps at
-# 224 px), and 14-lane column vectors waste an eighth of every register. Without them the polynomial predicted
-# ResNet-50's 1x1 convs -42% at 4x4 and +60% at 7x7. Leave-one-model-out (profiles_session5b): kernels >= 100 µs
-# 6.8% -> 5.9% MAPE, 79.8% -> 82.3% within ±10%; kernels 10-100 µs 12.2% -> 11.6%. A third, binary feature
-# (weights prepacked or not) helped kernels >= 100 µs a little more (5.7%) but took 10-100 µs convs from 4.5% to
-# 9.4% MAPE, so it was left out.
-# Kinds modelled per batch element (device_predictor.py divides their latencies by the batch before fitting and
-# multiplies predictions by it; their features are those of the same kernel at batch 1). A convolution's schedule
-# tiles channels and columns and runs the batch as more parallel work, so its latency is close to linear in the
-# batch: ResNet-18's 3x3 convs measured 3.6-3.9x from batch 1 to 4. A polynomial in (FLOPs, bytes, ...) instead
-# had to learn the batch from the few batch-4 models, and predicted held-out batch-4 convs up to 48% low.
-# Measured on leave-one-model-out (profiles_session4b): kernels >= 100 µs MAPE 11.1% -> 10.0%, within ±10% 60.6%
-# -> 66.4%, model MAPE 7.8% -> 7.4%. Depthwise convs (memory-bound, batch 4 in one model only) got worse per
-# sample (+140% on MobileNetV2 b4) and keep whole-kernel features.
-# (Since schema 7 the batch itself is one of conv2d's features, for what is not linear in it: see below.)
-PER_SAMPLE_KINDS = frozenset({"conv2d"})
-# Schema 7 adds the batch to conv2d's features: per sample, a conv is not equally fast at every batch. Small
-# convs (1x1, 16-32 output channels) ran 1.6-2.1x faster per sample at batch 4 than at batch 1 on the Intel host
-# (SqueezeNet's 64->16 at 55x55: 187 µs at batch 1, 355 µs at batch 4), so the per-sample model predicted
-# held-out batch-4 models' convs up to 2.1x high and batch-1 ones up to 2x low. Leave-one-model-out on
-# profiles_session12a (Intel, the only database at hand): kernels >= 100 µs MAPE 12.4% -> 8.8%, within ±10%
-# 70.0% -> 79.0%; kernels 10-100 µs 11.1% -> 8.8%; model MAPE 16.0% -> 14.0%.
-# Schema 8 tells a pool whose windows can overhang its input from one whose windows cannot. TVM guards every load
-# of an overhanging window (padding, or ceil_mode rounding the output up) and the guarded loop ran 2-4x slower per
-# byte on the Intel host: VGG's unpadded 2x2 max-pools 17-23 µs/MB, the synthetic variations around them (padded by
-# the sampler, k // 2) 90-105; SqueezeNet's 3x3 ceil-mode pools at 111 and 55 px (no overhang) 41-46 µs/MB,
-# GoogLeNet's at 112 px (overhang) 87. Without the feature the polynomial predicted VGG's pools 2.2-2.5x high and
-# SqueezeNet's 1.7x high when their model was held out.
-_WITHOUT_POOL_GUARD = {**KIND_FEATURES, "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "pool_bounds_checked")}
-# Feature lists of earlier schemas whose feature *definitions* this schema keeps: predictors fitted with them load
-# and predict with their own lists (the shipped Zen predictors are schema 6 and their databases are gone).
-KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
-    6: {**_WITHOUT_POOL_GUARD, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "batch")},
-    7: _WITHOUT_POOL_GUARD,
-    FEATURE_SCHEMA_VERSION: KIND_FEATURES,
-}
-# Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a
-# depthwise convolution's FLOPs and bytes but not its schedule (tiles over channels and columns), so a kernel's
-# residual carries over across batch sizes. (Per-sample kinds get this from their batch-1 features.)
-RESIDUAL_EXCLUDED: dict[str, tuple[str, ...]] = {"depthwise_conv2d": ("flops", "bytes_total")}
-# The per-device fallback model for kinds without a fitted model uses only these, as a power law (degree 1:
-# a degree-2 fallback was tried and mispredicted unseen kinds by up to 4x on synthetic leave-one-family-out).
-FALLBACK_FEATURES: tuple[str, ...] = ("bytes_total", "flops")
 
 
 def member_ops(node: OpNode) -> list[str]:
