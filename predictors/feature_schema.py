@@ -8,7 +8,7 @@ measurements that decided it. :mod:`predictors.features` re-exports every name h
 """
 from __future__ import annotations
 
-FEATURE_SCHEMA_VERSION = 9
+FEATURE_SCHEMA_VERSION = 8
 
 # Raw (positive) features each per-kind polynomial model uses; the model takes log(1 + x) itself. The first
 # feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
@@ -18,8 +18,7 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
     "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
     "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems"),
     "pool": ("bytes_total", "out_elems", "kernel_area", "stride", "pool_bounds_checked"),
-    "elementwise": ("bytes_total", "out_elems", "transcendental_elems", "layout_ops", "concat_chain_elems",
-                    "elementwise_elems"),
+    "elementwise": ("bytes_total", "out_elems", "transcendental_elems", "layout_ops", "concat_chain_elems"),
     "reduction": ("bytes_total", "in_elems", "out_elems", "n_members", "transcendental_elems"),
     "data_movement": ("bytes_total", "out_elems", "layout_ops", "n_inputs"),
     "other": ("flops", "bytes_total", "out_elems"),
@@ -53,23 +52,18 @@ PER_SAMPLE_KINDS = frozenset({"conv2d"})
 # the sampler, k // 2) 90-105; SqueezeNet's 3x3 ceil-mode pools at 111 and 55 px (no overhang) 41-46 µs/MB,
 # GoogLeNet's at 112 px (overhang) 87. Without the feature the polynomial predicted VGG's pools 2.2-2.5x high and
 # SqueezeNet's 1.7x high when their model was held out.
-# Schema 9 gives fused elementwise kernels their member count (``elementwise_elems`` = output elements x elementwise
-# members). Exp, tanh, sigmoid and erf are legalized to vectorised polynomials, so they are not "transcendental"
-# (libm) ops, but a chain of them is not free either: BERT-small's GELU kernel (divide, erf, add, multiply,
-# multiply) took 25 µs for 131K elements and 104 µs for 524K, against 40-57 µs for 350-450K-element adds; the
-# polynomial, blind to the chain, predicted the 524K one at 26 µs (-75%) with BERT-small at batch 4 held out.
-# Leave-one-model-out on profiles_session14a: elementwise MAPE 26.1% -> 13.6%, all kernels 16.5% -> 13.3% (within
-# ±10% 56.7% -> 59.4%), >= 100 µs 10.7% -> 10.5%; whole models 7.0% -> 7.1% MAPE, worst 17.4% -> 20.0% (BERT-small
-# at seq 64, whose under-predicted GELU had offset over-predicted matmuls). On profiles_session14b: elementwise
-# 26.3% -> 19.6%, all kernels 15.0% -> 13.3%, models 7.8% -> 8.0%, worst 16.6% either way.
-_SCHEMA_8 = {**KIND_FEATURES, "elementwise": tuple(f for f in KIND_FEATURES["elementwise"] if f != "elementwise_elems")}
-_WITHOUT_POOL_GUARD = {**_SCHEMA_8, "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "pool_bounds_checked")}
+# Tried and not adopted (session 14): the elementwise member count (``elementwise_elems``) as an elementwise
+# feature. BERT-small's GELU kernel (divide, erf, add, multiply, multiply) took 104 µs for 524K elements and was
+# predicted 26 µs with BERT-small at batch 4 held out; with the feature, leave-one-model-out on profiles_session14a
+# went from 26.1% to 13.6% elementwise MAPE and from 16.5% to 13.3% over all kernels, but whole models from 7.0% to
+# 7.1% MAPE (worst 17.4% -> 20.0%), and leave-one-family-out from 55.3% to 63.0% kernel MAPE (10-100 µs: 51.7% ->
+# 65.4%) and 17.7% to 18.4% model MAPE: the member count carried badly to unseen model families.
+_WITHOUT_POOL_GUARD = {**KIND_FEATURES, "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "pool_bounds_checked")}
 # Feature lists of earlier schemas whose feature *definitions* this schema keeps: predictors fitted with them load
 # and predict with their own lists (the shipped Zen predictors are schema 6 and their databases are gone).
 KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
     6: {**_WITHOUT_POOL_GUARD, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "batch")},
     7: _WITHOUT_POOL_GUARD,
-    8: _SCHEMA_8,
     FEATURE_SCHEMA_VERSION: KIND_FEATURES,
 }
 # Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a
