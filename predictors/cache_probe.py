@@ -15,7 +15,9 @@ each size's median bandwidth decides.
 
 ``hetpart profile`` measures it once per profile database (on the host being profiled) and stores it in the
 database's ``hetpart_meta``; ``hetpart fit`` and ``hetpart evaluate`` use the stored value (an older database
-without it: measured at fit time if this host has the CPU the database was measured on, else sysfs).
+without it: measured at fit time if this host has the CPU the database was measured on, else sysfs). The probed
+size is an upper bound: :func:`predictors.context.fit_context_terms` fits which share of it a model keeps between
+inferences (48 of the 64 MiB probed on profiles_session13b).
 """
 from __future__ import annotations
 
