@@ -261,7 +261,7 @@ def fit_context_terms(predictor: Any, models: Iterable[tuple[Sequence[OpNode], f
     assert best is not None
     if best[1].cache_bytes != cache:
         logger.debug("in-model terms: a model keeps %.0f MiB of the %.0f MiB last-level cache between inferences "
-                    "(fitted share %.3f)", best[1].cache_bytes / 2 ** 20, cache / 2 ** 20, best[1].cache_bytes / cache)
+                     "(fitted share %.3f)", best[1].cache_bytes / 2 ** 20, cache / 2 ** 20, best[1].cache_bytes / cache)
     return best[1]
 
 

@@ -153,7 +153,8 @@ def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, st
                    methods: Mapping[str, Callable[[], Any]], progress: Progress | None = None,
                    split_name: str = "split", cache_bytes: int | None = None) -> dict[str, Any]:
     """Hold out each group in turn (all models sharing a ``group_of`` value); train every method on the rest.
-    ``cache_bytes``: the last-level cache the in-model terms assume (None: this host's sysfs size).
+    ``cache_bytes``: the measured last-level cache (None: this host's sysfs size); each fold's in-model terms fit
+    the share of it a model keeps (:func:`predictors.context.fit_context_terms`).
 
     Per method, ``_points`` holds the held-out kernel instances: (measured, predicted, kind, (model, index of the
     kernel in the model's record)); callers pop it before serialising."""
