@@ -115,7 +115,7 @@ def noise_floor(repeats: Sequence[Sequence[float]]) -> dict[str, Any]:
 
 
 def model_level_floor(records: Mapping[str, ModelRecord], group_of: Mapping[str, str],
-                      cache_bytes: int | None = None) -> dict[str, Any]:
+                      cache_bytes: int | None = None, core_cache: int | None = None) -> dict[str, Any]:
     """Whole-model error that remains with *perfect* kernel predictions: each held-out model's measured kernel
     labels plus in-model terms fitted on the other groups, against its measured latency. No kernel predictor can
     do better than this on the same split; it measures how well isolated kernels compose into a model."""
@@ -130,7 +130,7 @@ def model_level_floor(records: Mapping[str, ModelRecord], group_of: Mapping[str,
     measured, predicted, per_model = [], [], {}
     for held in sorted(set(group_of.values())):
         train = [(records[n].nodes, records[n].model_latency_us) for n in records if group_of[n] != held]
-        context = fit_context_terms(_Exact(), train, cache_bytes)
+        context = fit_context_terms(_Exact(), train, cache_bytes, core_cache)
         for name in (n for n in records if group_of[n] == held):
             rec = records[name]
             value = float(np.sum(rec.kernel_latencies_us) + context.extra_us(rec.nodes).sum())
@@ -151,10 +151,12 @@ def default_methods(target: Mapping[str, Any] | None = None) -> dict[str, Callab
 
 def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, str],
                    methods: Mapping[str, Callable[[], Any]], progress: Progress | None = None,
-                   split_name: str = "split", cache_bytes: int | None = None) -> dict[str, Any]:
+                   split_name: str = "split", cache_bytes: int | None = None,
+                   core_cache: int | None = None) -> dict[str, Any]:
     """Hold out each group in turn (all models sharing a ``group_of`` value); train every method on the rest.
     ``cache_bytes``: the measured last-level cache (None: this host's sysfs size); each fold's in-model terms fit
-    the share of it a model keeps (:func:`predictors.context.fit_context_terms`).
+    the share of it a model keeps (:func:`predictors.context.fit_context_terms`). ``core_cache``: the L2 of the
+    cores the kernels ran on (None: as many cores as this process's ``TVM_NUM_THREADS``).
 
     Per method, ``_points`` holds the held-out kernel instances: (measured, predicted, kind, (model, index of the
     kernel in the model's record)); callers pop it before serialising."""
@@ -175,7 +177,7 @@ def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, st
                 predictor = factory().fit(nodes, lat)
                 acc[name]["fit_s"].append(time.perf_counter() - start)
                 context = fit_context_terms(predictor, [(records[n].nodes, records[n].model_latency_us)
-                                                        for n in train], cache_bytes)
+                                                        for n in train], cache_bytes, core_cache)
                 preds = {n: np.asarray(predictor.predict(records[n].nodes), dtype=float) for n in test}
             for w in caught:     # counted, not repeated: extrapolation is expected when a model is held out
                 key = w.category.__name__

@@ -34,6 +34,7 @@ from hetpart.errors import PredictorError
 from hetpart.graph import OpNode
 from predictors import evaluate as ev
 from predictors.cache_probe import effective_cache_bytes_for_db
+from predictors.context import core_cache_bytes
 from predictors.model_db import ModelDatabase
 from predictors.device_predictor import DevicePredictor
 from predictors.noise import miss_analysis, noise_floor_of
@@ -187,6 +188,12 @@ def training_set(data: TrainingData) -> tuple[list[OpNode], list[float]]:
     return nodes + [data.kernels[k][0] for k in rest], labels + [data.kernels[k][1] for k in rest]
 
 
+def measured_core_cache(data: TrainingData) -> int:
+    """The L2 of the cores the database's kernels ran on (its recorded TVM thread count), so that fitting and
+    evaluating give the same in-model terms whatever ``TVM_NUM_THREADS`` the fitting process has."""
+    return core_cache_bytes(data.num_threads or None)
+
+
 def fit_from_db(db_path: str | Path, device: str = "cpu",
                 output: str | Path | None = None) -> tuple[DevicePredictor, dict[str, Any]]:
     """Fit a :class:`DevicePredictor` on every usable kernel and its in-model terms on the model records."""
@@ -199,7 +206,8 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
     predictor.fit(nodes, labels)
     cache = effective_cache_bytes_for_db(db_path, json.loads(data.target).get("mcpu"))
     if data.records:
-        predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()], cache_bytes=cache)
+        predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()], cache_bytes=cache,
+                              core_cache=measured_core_cache(data))
     else:
         logger.warning("no complete model variant in %s: the in-model terms stay 0", db_path)
     with ModelDatabase(db_path) as models:
@@ -265,14 +273,16 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
         "canary_reference_us": data.reference_canary_us, "methods": sorted(methods), "splits": {}, "verdicts": [],
     }
     cache = effective_cache_bytes_for_db(db_path, json.loads(data.target).get("mcpu"))
-    report["effective_cache_bytes"] = cache
+    core = measured_core_cache(data)
+    report["effective_cache_bytes"], report["core_cache_bytes"] = cache, core
     relay = None if progress is None else (lambda split, done, total: progress(split, done, total, ""))
     for split_name, (group_of, split_methods) in splits.items():
         if len(set(group_of.values())) < 2:
             report["splits"][split_name] = None
             report["verdicts"].append(f"{split_name}: skipped (fewer than 2 groups)")
             continue
-        split = ev.cross_validate(data.records, group_of, split_methods, relay, split_name, cache_bytes=cache)
+        split = ev.cross_validate(data.records, group_of, split_methods, relay, split_name, cache_bytes=cache,
+                                  core_cache=core)
         points = {name: res.pop("_points") for name, res in split.items()}
         report["splits"][split_name] = split
         report["verdicts"].extend(ev.honest_comparison(split, split_name))
@@ -286,9 +296,9 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
                     title=f"polynomial, leave-one-model-out ({len(data.records)} model variants)"))
     report["noise_floor"] = noise_floor_of(data)
     report["model_level_floor"] = {
-        "leave_one_model_out": ev.model_level_floor(data.records, {n: n for n in data.records}, cache),
+        "leave_one_model_out": ev.model_level_floor(data.records, {n: n for n in data.records}, cache, core),
         "leave_one_family_out": ev.model_level_floor(data.records, {n: r.family for n, r in data.records.items()},
-                                                     cache)}
+                                                     cache, core)}
     start = time.perf_counter()
     fit_from_db(db_path, device)
     report["full_fit_seconds"] = time.perf_counter() - start

@@ -80,3 +80,19 @@ def test_fit_uses_the_stored_effective_cache(tmp_path):
     predictor, info = fit_from_db(db)
     assert predictor.context.cache_bytes == 24 * MIB and info["effective_cache_bytes"] == 24 * MIB
     assert np.isfinite(predictor.context.cold_param_us_per_mb)
+
+
+def test_fit_takes_the_l2_of_the_threads_the_kernels_ran_with_not_of_this_process(tmp_path, monkeypatch):
+    from predictors import context
+    from predictors.training import fit_from_db, load_training_data
+    from tests.predictors.test_zoo_profile import build_fake_db
+
+    db = tmp_path / "p.sqlite"
+    build_fake_db(db, n_models=4, with_retests=False)
+    threads = load_training_data(db).num_threads
+    monkeypatch.setattr(context, "_cpu_caches", lambda: [(2, MIB, str(cpu)) for cpu in range(8)])
+    fitted = []
+    for env_threads in ("1", "8"):
+        monkeypatch.setenv("TVM_NUM_THREADS", env_threads)
+        fitted.append(fit_from_db(db)[0].context.core_cache_bytes)
+    assert fitted == [threads * MIB, threads * MIB]
