@@ -69,7 +69,16 @@ KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
 # Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a
 # depthwise convolution's FLOPs and bytes but not its schedule (tiles over channels and columns), so a kernel's
 # residual carries over across batch sizes. (Per-sample kinds get this from their batch-1 features.)
-RESIDUAL_EXCLUDED: dict[str, tuple[str, ...]] = {"depthwise_conv2d": ("flops", "bytes_total")}
+# The same holds for conv2d's batch (a feature since schema 7): a conv's residual at batch 2 or 8 (the sampler's
+# batch probes) is what its batch-1 twin's residual is, but with the batch in the distance the probes sat ~0.9
+# standard deviations away from it and lent it little: ResNet-50's 256->256 3x3 stride-2 conv at 28 px, measured
+# 1623 µs at batch 1 and 1337 µs per sample at batch 2, was predicted 964 µs with ResNet-50 at 224 px held out.
+# Leave-one-model-out, with the finer bandwidth grid of polynomial.py: kernels >= 100 µs 10.7% -> 9.7% MAPE and
+# 64.9% -> 67.7% within ±10% (profiles_session14a), 8.6% -> 7.6% and 68.6% -> 70.2% (profiles_session14b); whole
+# models 7.00% -> 6.96% and 7.75% -> 7.38%. (Without the batch probes, profiles_session13b: 11.0% -> 10.7%
+# on kernels, whole models 7.6% -> 8.2%.)
+RESIDUAL_EXCLUDED: dict[str, tuple[str, ...]] = {"depthwise_conv2d": ("flops", "bytes_total"),
+                                                 "conv2d": ("batch",)}
 # The per-device fallback model for kinds without a fitted model uses only these, as a power law (degree 1:
 # a degree-2 fallback was tried and mispredicted unseen kinds by up to 4x on synthetic leave-one-family-out).
 FALLBACK_FEATURES: tuple[str, ...] = ("bytes_total", "flops")
