@@ -39,6 +39,10 @@ def test_column_vectors_are_row_divisors_near_the_lanes():
     (256, 1, 1, (1, 1), 7, True),     # rows narrower than half a vector
     (128, 1, 1, (1, 1), 27, True),    # no row divisor near the vector width
     (24, 1, 3, (1, 1), 56, False),    # channels not whole vectors
+    (16, 1, 1, (1, 1), 82, True),     # column vectors of 82-wide rows would carry a predicated tail
+    (24, 1, 3, (1, 1), 82, True),     # ... so half-register channel vectors are better
+    (20, 1, 3, (1, 1), 82, False),    # not even half registers of channels
+    (16, 1, 1, (1, 1), 80, False),    # 80 = 5 x 16: whole column vectors
     (64, 64, 3, (1, 1), 56, False),   # depthwise
     (64, 1, 1, (1, 1), None, False),  # width not static
 ])
@@ -61,6 +65,10 @@ def test_conv_register_tiles():
     # channel vectors need whole vectors of output channels, whatever the weight layout
     odd = conv_register_tile(out_channels=24, out_width=56, reduction=64, channel_innermost_weights=True, lanes=16)
     assert not odd.over_channels
+    # ... unless column vectors would carry a predicated tail: then half-register channel vectors
+    half = conv_register_tile(out_channels=24, out_width=82, reduction=288, channel_innermost_weights=True, lanes=16)
+    assert (half.over_channels, half.vec_factor, half.reg_factor) == (True, 8, 8)
+    assert half.lane_fill(16) == 0.5
 
 
 def test_vector_lanes():

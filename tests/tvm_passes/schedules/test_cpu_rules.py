@@ -3,13 +3,15 @@ compiled kernel matches a numpy reference to 1e-4, including shapes that do not 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 tvm = pytest.importorskip("tvm")
 from tvm import relax, tirx  # noqa: E402
 
-from tvm_passes.schedules import cpu_pipeline, cpu_schedule_pass, default_cpu_target  # noqa: E402
+from tvm_passes.schedules import cpu_pipeline, cpu_schedule_pass, default_cpu_target, vector_lanes  # noqa: E402
 from tvm_passes.schedules.layout import PREPACKED_KERNEL_LAYOUT, prepack_conv_weights  # noqa: E402
 from tvm_passes.schedules.pipeline import cpu_generic  # noqa: E402
 
@@ -91,6 +93,8 @@ CONV_CASES = [
     pytest.param(20, 24, 13, 1, 1, 1, id="1x1-ragged-channels"),
     pytest.param(16, 32, 27, 1, 1, 1, id="1x1-width27-prepacked"),
     pytest.param(32, 64, 14, 1, 2, 1, id="1x1-stride2"),
+    pytest.param(16, 16, 41, 1, 1, 1, id="1x1-width41-tail-prepacked"),
+    pytest.param(8, 24, 41, 3, 1, 1, id="3x3-width41-half-register-channels"),
     pytest.param(20, 20, 15, 3, 2, 20, id="depthwise-stride2"),
     pytest.param(16, 24, 11, 3, 1, 4, id="grouped"),
 ]
@@ -138,16 +142,32 @@ def _kernel_layouts(mod):
     return sorted(layouts)
 
 
+def test_ragged_rows_get_half_register_channel_vectors_not_a_predicated_column_vector(target):
+    """41-wide rows have no divisor near 16 lanes: a column vector would carry a predicated tail, which TVM runs as
+    guarded scalar code (8x slower). A conv with 24 output channels vectorises them in half registers (8 of
+    AVX-512's 16 lanes) instead. (With whole registers of channels the weights are prepacked: see the next test.)"""
+    cin, cout, kernel, lanes = 8, 24, 3, 8
+    if vector_lanes(target) != 16:
+        pytest.skip(f"the lane counts asserted here are AVX-512's; this host's target has {vector_lanes(target)}")
+    w = relax.const(RNG.randn(cout, cin, kernel, kernel).astype("float32"))
+    mod = _module([("x", (1, cin, 41, 41), "float32")], lambda x: relax.op.nn.conv2d(x, w, padding=kernel // 2))
+    (conv,) = [f for f in _scheduled_funcs(mod, target).values() if f.attrs.get("hetpart.cpu_rule") == "conv2d_nchw"]
+    extents = set(re.findall(r"T\.vectorized\((?:T\.int64\()?(\d+)", conv.script()))
+    assert extents == {str(lanes)}
+
+
 @pytest.mark.parametrize("width,pointwise_layout", [
     pytest.param(28, "OIHW", id="columns-fit-28->14-lanes"),
     pytest.param(32, "OIHW", id="columns-fit-32->16-lanes"),
     pytest.param(6, PREPACKED_KERNEL_LAYOUT, id="narrow"),
     pytest.param(27, PREPACKED_KERNEL_LAYOUT, id="ragged-27->27-lanes"),
     pytest.param(20, PREPACKED_KERNEL_LAYOUT, id="ragged-20->20-lanes"),
+    pytest.param(41, PREPACKED_KERNEL_LAYOUT, id="tail-41->16-lanes-and-a-predicated-tail"),
 ])
 def test_prepack_rewrites_spatial_narrow_and_ragged_pointwise_convs_only(width, pointwise_layout):
     """3x3 convs always get channel vectors, depthwise never; a stride-1 1x1 conv only when its rows are too
-    narrow for a column vector or have no divisor near 16 lanes (a longer, multi-register column vector)."""
+    narrow for a column vector or have no divisor near 16 lanes (a longer, multi-register column vector, or one
+    with a predicated tail)."""
     w3 = relax.const(RNG.randn(32, 16, 3, 3).astype("float32"))
     w1 = relax.const(RNG.randn(32, 32, 1, 1).astype("float32"))
     depthwise = relax.const(RNG.randn(32, 1, 3, 3).astype("float32"))
