@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from tvm_passes.tile_plan import (column_vector_factor, conv_prepacks_weights, conv_register_tile, pick_factor,
-                                  vector_lanes_for)
+from tvm_passes.tile_plan import (column_vector_factor, conv_prepacks_weights, conv_register_tile,
+                                  matmul_register_tile, pick_factor, vector_lanes_for)
 
 
 def test_importing_the_tile_plan_loads_no_tvm():
@@ -77,3 +77,12 @@ def test_vector_lanes():
     assert vector_lanes_for("", ["+avx512f"]) == 16
     assert vector_lanes_for("x86-64") == 4
     assert vector_lanes_for("znver5", dtype_bits=16) == 32
+
+
+def test_matmul_register_tiles():
+    gemv = matmul_register_tile(rows=1, cols=2608, lanes=16)      # 163 vectors: no divisor, 8 with a tail
+    assert (gemv.gemv, gemv.reg_factor, gemv.vec_factor, gemv.accumulators(16)) == (True, 8, 16, 8)
+    wide = matmul_register_tile(rows=128, cols=1024, lanes=16)    # 4-register column vectors, 4 rows
+    assert (wide.gemv, wide.reg_factor, wide.vec_factor, wide.accumulators(16)) == (False, 4, 64, 16)
+    ragged = matmul_register_tile(rows=35, cols=2600, lanes=16)   # 2600 = 8 x 325: half-register vectors
+    assert (ragged.reg_factor, ragged.vec_factor, ragged.accumulators(16)) == (7, 8, 7)

@@ -3,7 +3,9 @@
 Relax has no dense: ONNX Gemm / torch Linear become permute_dims + matmul + add.  With constant weights
 FoldConstant pre-transposes the weight, so the kernel reads ``B[k, n]`` contiguously along ``n``; the
 register tile is rows (``A[m, k]`` broadcast) x columns (one vector load of ``B`` feeds every row).  For
-matrix-vector products (M = 1) the column tile is several vectors wide, giving independent accumulators.
+matrix-vector products (M = 1) the column tile is several vectors wide, giving independent accumulators.  The tile
+sizes are plain arithmetic in :func:`tvm_passes.tile_plan.matmul_register_tile` (the latency predictors read
+them too).
 """
 
 from __future__ import annotations
@@ -13,32 +15,8 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from .base import CpuRule, static_extents, summarize_blocks, vector_lanes
-from .contraction import TilePlan, pick_factor, schedule_contraction
-
-VECTORS_MAX = 4  # column tile: up to 4 SIMD registers wide
-TARGET_ACCUMULATORS = 16  # rows x column-vectors kept in registers (32 zmm registers on AVX-512)
-MAX_ROW_TILE = 8
-GEMV_VECTORS = 8  # matrix-vector products: independent vector accumulators along the columns
-
-
-def power_of_two_vector(extent: int, lanes: int, max_vectors: int) -> int:
-    """Column tile: the widest of lanes*{max_vectors, ..., 2, 1} (powers of two), lanes/2, lanes/4 dividing
-    ``extent``.
-
-    Measured: odd widths (e.g. 26 for N=2600) and non-dividing tiles (a predicated tail makes TVM scalarise
-    the vector loop) are 3-10x slower than an 8-wide tile, and wider dividing tiles are faster
-    (128x256x1024: 64 -> 0.51 ms, 32 -> 0.80 ms, 16 -> 1.21 ms).  Three vectors (48 lanes) are as bad:
-    512x128x96 572 us with 48 vs 40 us with 32, 512x256x96 1130 vs 80, 512x128x48 522 vs 24 with 16.
-    Extents no power-of-two width divides (e.g. 37) get the whole extent when it is small, else ``lanes``
-    with a scalarised tail.
-    """
-    counts = [v for v in (8, 4, 2, 1) if v <= max_vectors]
-    widths = [lanes * v for v in counts] + [lanes // 2, lanes // 4]
-    for width in widths:
-        if width >= 2 and extent % width == 0:
-            return width
-    return extent if extent <= 2 * lanes else lanes
-
+from ..tile_plan import matmul_register_tile, power_of_two_vector  # noqa: F401  (re-exported)
+from .contraction import TilePlan, schedule_contraction
 
 def find_matmul_block(sch: s_tir.Schedule) -> str | None:
     """Name of the single matmul-like block (any batch dims, then M, N spatial and one K reduction), or None."""
@@ -108,29 +86,13 @@ class Matmul(CpuRule):
         n_spatial = len(extents) - 1
         reg_axis = _row_axis(sch, name, n_spatial, extents)
         rows, cols = extents[reg_axis], extents[n_spatial - 1]
-        lanes = vector_lanes(target)
-        if rows == 1:
-            vec = power_of_two_vector(cols, lanes, max_vectors=1)
-            plan = TilePlan(
-                reg_axis=n_spatial - 1,
-                reg_factor=pick_factor(cols // vec, GEMV_VECTORS, minimum=2),
-                vec_axis=n_spatial - 1,
-                vec_factor=vec,
-                n_spatial=n_spatial,
-                n_reduction=1,
-            )
-            schedule_contraction(sch, name, plan, target)
-            return sch
-        vec = power_of_two_vector(cols, lanes, max_vectors=VECTORS_MAX)
-        row_pref = max(2, min(MAX_ROW_TILE, TARGET_ACCUMULATORS * lanes // max(vec, 1)))
-        plan = TilePlan(
-            reg_axis=reg_axis,
-            reg_factor=pick_factor(rows, row_pref, minimum=2),
-            vec_axis=n_spatial - 1,
-            vec_factor=vec,
-            n_spatial=n_spatial,
-            n_reduction=1,
-            vec_outer_first=True,
-        )
+        tile = matmul_register_tile(rows, cols, vector_lanes(target))
+        if tile.gemv:
+            # Matrix-vector product: the register tile is several vectors along the columns.
+            plan = TilePlan(reg_axis=n_spatial - 1, reg_factor=tile.reg_factor, vec_axis=n_spatial - 1,
+                            vec_factor=tile.vec_factor, n_spatial=n_spatial, n_reduction=1)
+        else:
+            plan = TilePlan(reg_axis=reg_axis, reg_factor=tile.reg_factor, vec_axis=n_spatial - 1,
+                            vec_factor=tile.vec_factor, n_spatial=n_spatial, n_reduction=1, vec_outer_first=True)
         schedule_contraction(sch, name, plan, target)
         return sch
