@@ -8,7 +8,7 @@ measurements that decided it. :mod:`predictors.features` re-exports every name h
 """
 from __future__ import annotations
 
-FEATURE_SCHEMA_VERSION = 8
+FEATURE_SCHEMA_VERSION = 9
 
 # Raw (positive) features each per-kind polynomial model uses; the model takes log(1 + x) itself. The first
 # feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
@@ -16,7 +16,8 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
     "conv2d": ("flops_per_sample", "bytes_per_sample", "out_spatial", "out_channels_pad8", "reduction_size",
                "stride", "kernel_area", "conv_tile_accumulators", "conv_lane_fill", "batch"),
     "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
-    "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems"),
+    "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems",
+               "matmul_tile_accumulators", "matmul_vector_width"),
     "pool": ("bytes_total", "out_elems", "kernel_area", "stride", "pool_bounds_checked"),
     "elementwise": ("bytes_total", "out_elems", "transcendental_elems", "layout_ops", "concat_chain_elems"),
     "reduction": ("bytes_total", "in_elems", "out_elems", "n_members", "transcendental_elems"),
@@ -58,12 +59,24 @@ PER_SAMPLE_KINDS = frozenset({"conv2d"})
 # went from 26.1% to 13.6% elementwise MAPE and from 16.5% to 13.3% over all kernels, but whole models from 7.0% to
 # 7.1% MAPE (worst 17.4% -> 20.0%), and leave-one-family-out from 55.3% to 63.0% kernel MAPE (10-100 µs: 51.7% ->
 # 65.4%) and 17.7% to 18.4% model MAPE: the member count carried badly to unseen model families.
-_WITHOUT_POOL_GUARD = {**KIND_FEATURES, "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "pool_bounds_checked")}
+# Schema 9 gives matmul the register tile hetpart's CPU matmul rule picks (tvm_passes.tile_plan), as conv2d has
+# had since schema 5: how many accumulators it keeps (an LSTM step's 1x650 @ 650x2608 product gets 8 column vectors,
+# the same product at batch 4 only 4 rows x 1 vector) and how wide its column vector is (a power of two of
+# registers, or half / a quarter of one for ragged N). Measured leave-one-model-out (session 15; a/b = the two
+# Intel databases profiles_session15a/15b): kernels >= 100 µs 9.4% / 7.2% -> 9.4% / 6.9% MAPE, 67.5% / 71.0% ->
+# 67.4% / 81.1% within ±10%; whole models 6.82% / 7.22% -> 6.52% / 7.07%; leave-one-family-out whole models
+# 17.6% / 16.1% -> 15.8% / 14.0%, worst 69.0% / 63.6% -> 34.5% / 33.6% (BERT-small, which no other family
+# resembles). The tile's tail (rows or N the tile does not divide) as a third feature made kernels >= 100 µs worse
+# (10.5% / 8.1%).
+_MATMUL_8 = ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems")
+_WITHOUT_POOL_GUARD = {**KIND_FEATURES, "matmul": _MATMUL_8,
+                       "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "pool_bounds_checked")}
 # Feature lists of earlier schemas whose feature *definitions* this schema keeps: predictors fitted with them load
 # and predict with their own lists (the shipped Zen predictors are schema 6 and their databases are gone).
 KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
     6: {**_WITHOUT_POOL_GUARD, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "batch")},
     7: _WITHOUT_POOL_GUARD,
+    8: {**KIND_FEATURES, "matmul": _MATMUL_8},
     FEATURE_SCHEMA_VERSION: KIND_FEATURES,
 }
 # Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a

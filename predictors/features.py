@@ -22,7 +22,7 @@ import numpy as np
 from hetpart.graph import OpNode
 from predictors.feature_schema import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES,  # noqa: F401
                                        KIND_FEATURES_BY_SCHEMA, PER_SAMPLE_KINDS, RESIDUAL_EXCLUDED)
-from tvm_passes.tile_plan import conv_prepacks_weights, conv_register_tile
+from tvm_passes.tile_plan import conv_prepacks_weights, conv_register_tile, matmul_register_tile
 
 # SIMD width (fp32 lanes) assumed by the schedule-derived features when the caller does not give its target's
 # (AVX-512, the machine kind hetpart ships a CPU predictor for); DevicePredictor passes its own target's width.
@@ -117,6 +117,10 @@ FEATURE_SCHEMA: dict[str, str] = {
                               "(tvm_passes.tile_plan; 0 for other kinds): few accumulators starve the FMA units",
     "conv_lane_fill": "share of the conv tile's vector lanes that hold outputs (1 = whole vectors; 1 for other "
                       "kinds)",
+    "matmul_tile_accumulators": "SIMD registers in the register tile hetpart's CPU matmul rule gives the kernel "
+                                "(tvm_passes.tile_plan; 0 for other kinds)",
+    "matmul_vector_width": "elements of the matmul tile's column vector (a power-of-two number of registers, half or "
+                           "quarter of one, or the whole N when small and ragged; 0 for other kinds)",
     "pool_bounds_checked": "1 when a pool window can reach outside its input (padding, or ceil_mode rounding the "
                            "output up), so every load is guarded; 0 otherwise (and for other kinds)",
     "flops_per_sample": "flops / batch",
@@ -274,11 +278,22 @@ def _conv_tile(node: OpNode, f: Mapping[str, float], vector_lanes: int) -> tuple
     return float(tile.accumulators(vector_lanes)), tile.lane_fill(vector_lanes)
 
 
+def _matmul_tile_rows(node: OpNode) -> int:
+    """The axis hetpart's CPU matmul rule register-tiles: M, or for M = 1 the batch of matrix-vector products when
+    they share one matrix B (a 2-D operand; e.g. an LSTM's hoisted input projection)."""
+    out = node.output_shapes[0] if node.output_shapes else (1,)
+    rows = int(out[-2]) if len(out) >= 2 else 1
+    shapes = node.input_shapes
+    if rows == 1 and len(out) > 2 and len(shapes) >= 2 and len(shapes[1]) == 2:
+        rows = int(np.prod(out[:-2]))
+    return max(rows, 1)
+
+
 def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES) -> dict[str, float]:
     """Every feature of :data:`FEATURE_SCHEMA` for one kernel, as finite non-negative floats.
 
-    ``vector_lanes``: fp32 SIMD lanes of the CPU the kernel is compiled for (the schedule-derived conv features
-    depend on it)."""
+    ``vector_lanes``: fp32 SIMD lanes of the CPU the kernel is compiled for (the schedule-derived conv and matmul
+    features depend on it)."""
     kind = kernel_kind(node)
     out_elems = float(np.prod(node.output_shapes[0])) if node.output_shapes else 0.0
     in_elems = float(np.prod(node.input_shapes[0])) if node.input_shapes else 0.0
@@ -332,6 +347,11 @@ def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES) -> di
     f["conv_tile_accumulators"], f["conv_lane_fill"] = 0.0, 1.0
     if kind in ("conv2d", "depthwise_conv2d"):
         f["conv_tile_accumulators"], f["conv_lane_fill"] = _conv_tile(node, f, vector_lanes)
+    f["matmul_tile_accumulators"] = f["matmul_vector_width"] = 0.0
+    if kind == "matmul":
+        tile = matmul_register_tile(_matmul_tile_rows(node), max(int(f["n"]), 1), vector_lanes)
+        f["matmul_tile_accumulators"], f["matmul_vector_width"] = float(tile.accumulators(vector_lanes)), \
+            float(tile.vec_factor)
     batch = max(f["batch"], 1.0)
     f.update(flops_per_sample=f["flops"] / batch,
              bytes_per_sample=(bytes_total - f["param_bytes"]) / batch + f["param_bytes"])

@@ -129,3 +129,19 @@ def test_conv_tile_features_follow_the_cpu_rule():
     avx2 = feature_vector(conv_node(2, 1, 64, 256, 56, 1), vector_lanes=8)
     assert avx2["conv_lane_fill"] == 1.0                                # 56 = 7 whole 8-lane vectors
     assert feature_vector(matmul_node(3, 64, 64, 64))["conv_tile_accumulators"] == 0.0
+
+
+def test_matmul_features_describe_the_rules_register_tile():
+    step = feature_vector(matmul_node(0, 1, 650, 2608), vector_lanes=16)      # an LSTM step: 8 column vectors
+    assert (step["matmul_tile_accumulators"], step["matmul_vector_width"]) == (8, 16)
+    batch4 = feature_vector(matmul_node(0, 4, 650, 2608), vector_lanes=16)    # 4 rows x 1 vector
+    assert (batch4["matmul_tile_accumulators"], batch4["matmul_vector_width"]) == (4, 16)
+    wide = feature_vector(matmul_node(0, 128, 256, 1024), vector_lanes=16)    # 4 rows x 4 vectors
+    assert (wide["matmul_tile_accumulators"], wide["matmul_vector_width"]) == (16, 64)
+    # a batch of matrix-vector products sharing one matrix is tiled over the batch, as the rule does
+    hoisted = OpNode(id=0, name="k0", op="fused:matmul+add", input_shapes=((35, 1, 650), (650, 2608)),
+                     input_dtypes=("float32", "float32"), output_shapes=((35, 1, 2608),), output_dtypes=("float32",),
+                     flops=2 * 35 * 650 * 2608, bytes_read=4 * (35 * 650 + 650 * 2608), bytes_written=4 * 35 * 2608)
+    assert feature_vector(hoisted, vector_lanes=16)["matmul_tile_accumulators"] == 7     # 7 of the 35 rows
+    conv = feature_vector(conv_node(0, 1, 32, 128, 27, 1))
+    assert conv["matmul_tile_accumulators"] == conv["matmul_vector_width"] == 0
