@@ -312,3 +312,12 @@ def test_a_predictor_from_another_cpu_is_warned_and_fit_writes_one_for_this_cpu(
     assert args.func(args) == 0
     assert (tmp_path / "cpu_znver4.json").exists()
     assert compiler.default_cpu_predictor_path("znver4") == tmp_path / "cpu_znver4.json"
+
+
+def test_kind_models_leave_the_schema_s_excluded_features_out_of_the_correction():
+    from predictors.device_predictor import _kind_model
+
+    conv = _kind_model("conv2d", (1,), (1.0,))
+    assert KIND_FEATURES["conv2d"].index("batch") not in conv.residual_columns
+    assert len(conv.residual_columns) == len(KIND_FEATURES["conv2d"]) - 1
+    assert _kind_model("matmul", (1,), (1.0,)).residual_columns is None

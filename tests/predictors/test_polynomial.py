@@ -135,3 +135,23 @@ def test_combinations_never_measured_fall_back_to_the_nearest_kernel():
     with warnings.catch_warnings():
         warnings.simplefilter("error")          # on the data: no warning, the polynomial's own value
         assert model.predict(inside)[0] == pytest.approx(y[200], rel=0.05)
+
+
+@pytest.mark.filterwarnings("ignore::hetpart.errors.ExtrapolationWarning")
+def test_a_feature_left_out_of_the_correction_distance_lets_residuals_cross_it():
+    """conv2d's batch is left out of the residual distance (predictors.feature_schema.RESIDUAL_EXCLUDED): a quirk
+    measured only at batch 2 (2x slower than the smooth law) reaches the same kernel at batch 1."""
+    rng = np.random.default_rng(9)
+    X = np.exp(rng.uniform(np.log(10), np.log(1e6), size=(600, 2)))
+    batch = rng.choice([1.0, 1.0, 1.0, 1.0, 8.0], size=600)
+    quirk = np.array([[3e4, 3e4]]) * np.exp(rng.uniform(-0.05, 0.05, size=(12, 2)))   # a tight cluster
+    X = np.vstack([np.column_stack([X, batch]), np.column_stack([quirk, np.full(12, 2.0)])])
+    y = _law(X[:, :2]) * np.r_[np.ones(600), np.full(12, 2.0)]
+    query = np.array([[3e4, 3e4, 1.0]])
+    truth = 2.0 * _law(query[:, :2])[0]
+    kwargs = dict(residual_bandwidths=(0.3,), degrees=(1,))
+    across = PolynomialLatencyModel(residual_columns=(0, 1), **kwargs).fit(X, y)
+    within = PolynomialLatencyModel(**kwargs).fit(X, y)
+    assert across.residual_bandwidth_ == within.residual_bandwidth_ == 0.3
+    assert across.predict(query)[0] / truth == pytest.approx(1.0, abs=0.1)
+    assert within.predict(query)[0] / truth < 0.8
