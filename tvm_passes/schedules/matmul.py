@@ -18,6 +18,7 @@ from .base import CpuRule, static_extents, summarize_blocks, vector_lanes
 from ..tile_plan import matmul_register_tile, power_of_two_vector  # noqa: F401  (re-exported)
 from .contraction import TilePlan, schedule_contraction
 
+
 def find_matmul_block(sch: s_tir.Schedule) -> str | None:
     """Name of the single matmul-like block (any batch dims, then M, N spatial and one K reduction), or None."""
     blocks = summarize_blocks(sch)
