@@ -1,9 +1,10 @@
 """Profile the zoo for a device: kernels with prediction-time features, whole-model latencies, retests.
 
 Kernels and their features come from :func:`predictors.kernel_mapping.map_kernels` (deployment kernels paired
-with the kernel-graph nodes a CostTable is built on). Timing uses :class:`predictors.model_timing.BestWindowProfiler`, which keeps the
-least contended of several back-to-back windows on a shared machine. Windows a second apart share the host's slow
-spells (``benchmarks/results/host_spells.md``), so ``hetpart profile`` follows this campaign with refine passes
+with the kernel-graph nodes a CostTable is built on). Timing uses
+:class:`predictors.model_timing.BestWindowProfiler`, which keeps the least contended of several back-to-back
+windows on a shared machine. Windows a second apart share the host's slow spells
+(``benchmarks/results/host_spells.md``), so ``hetpart profile`` follows this campaign with refine passes
 (:func:`predictors.refine.refine_passes`) that time every kernel again minutes later and keep the lower median.
 
 :func:`profile_zoo` runs the whole campaign under one time budget, resumably (the store skips what is measured):

@@ -68,6 +68,12 @@ def column_vector_factor(out_width: int, lanes: int) -> int:
     return pick_factor(out_width, lanes, minimum=max(4, lanes // 2), multiple_of=lanes)
 
 
+def column_vector_has_tail(out_width: int, lanes: int) -> bool:
+    """Whether :func:`column_vector_factor` leaves a predicated tail (the row is no multiple of it), which TVM
+    runs as guarded scalar code."""
+    return out_width % column_vector_factor(out_width, lanes) != 0
+
+
 def conv_prepacks_weights(out_channels: int, groups: int, kernel_h: int, kernel_w: int, strides: Iterable[int],
                           out_width: int | None, lanes: int) -> bool:
     """Whether hetpart stores a constant NCHW conv2d weight output-channel-innermost (IHWO) for the CPU.
@@ -90,7 +96,7 @@ def conv_prepacks_weights(out_channels: int, groups: int, kernel_h: int, kernel_
     """
     if groups != 1 or out_channels % (lanes // 2 or 1) != 0:
         return False
-    tail = out_width is not None and out_width % column_vector_factor(out_width, lanes) != 0
+    tail = out_width is not None and column_vector_has_tail(out_width, lanes)
     if out_channels % lanes != 0:
         return tail      # half-register channel vectors only where column vectors would carry a tail
     pointwise = kernel_h == 1 and kernel_w == 1 and all(int(s) == 1 for s in strides)
@@ -130,7 +136,7 @@ def conv_register_tile(out_channels: int, out_width: int, reduction: int, channe
         return ConvRegisterTile(over_channels=True, reg_factor=pick_factor(out_width, COLUMN_TILE, minimum=4),
                                 vec_factor=lanes * WIDE_CHANNEL_VECTORS if wide else lanes)
     if channel_innermost_weights and lanes > 1 and out_channels % (lanes // 2) == 0 \
-            and out_width % column_vector_factor(out_width, lanes) != 0:
+            and column_vector_has_tail(out_width, lanes):
         # half-register channel vectors (see conv_prepacks_weights): better than a predicated column vector
         return ConvRegisterTile(over_channels=True, reg_factor=pick_factor(out_width, COLUMN_TILE, minimum=4),
                                 vec_factor=lanes // 2)
