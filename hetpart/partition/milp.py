@@ -221,25 +221,32 @@ def solve(graph: OpGraph, costs: CostTable, config: PartitionConfig | Mapping[st
         raise ProblemTooLargeError(f"milp builds ~n^2 constraints; {graph.name!r} has {problem.n} ops, more than "
                                    f"milp_max_ops={limit}. Use cp_greedy or heft, or raise the limit.")
     inc_dev, inc_order, incumbent, _ = cp_greedy.search(problem)
-    # a horizon slightly above the incumbent: a tight one (== incumbent) made HiGHS' presolve fail (status 4)
-    horizon = incumbent * 1.25 + 1.0 if np.isfinite(incumbent) else \
-        float(np.sum(np.max(np.where(problem.allowed, problem.lat, 0.0), axis=1))) * 2 + 1e6
+    # The horizon (the big-M of the ordering constraints) sits above the incumbent: a tight one (== incumbent)
+    # made HiGHS' presolve fail (status 4, "Solve error"). HiGHS still fails now and then on a model it solves
+    # with another horizon or without presolve (a 6-op layered graph: status 4 at 1.25x with and without
+    # presolve, optimal at 1.1x, 1.5x and 2x), so a failed solve is retried that way, within the time limit.
+    fallback = float(np.sum(np.max(np.where(problem.allowed, problem.lat, 0.0), axis=1))) * 2 + 1e6
     built = time.perf_counter()
-    m, index = build(problem, horizon)
-    n_vars, n_rows = len(m.lb), len(m.row_lb)
-    A = sp.csr_matrix((m.vals, (m.rows, m.cols)), shape=(n_rows, n_vars))
-    c = np.zeros(n_vars)
-    c[index["C"]] = 1.0
     res = None
-    for presolve in (True, False):      # HiGHS' presolve occasionally ends in "Solve error" (status 4)
-        remaining = float(problem.config.time_limit_s) - (time.perf_counter() - built)
-        if remaining <= 0:
+    for scale in (1.25, 1.5, 2.0):
+        horizon = incumbent * scale + 1.0 if np.isfinite(incumbent) else fallback * scale / 1.25
+        m, index = build(problem, horizon)
+        n_vars, n_rows = len(m.lb), len(m.row_lb)
+        A = sp.csr_matrix((m.vals, (m.rows, m.cols)), shape=(n_rows, n_vars))
+        c = np.zeros(n_vars)
+        c[index["C"]] = 1.0
+        for presolve in (True, False):
+            remaining = float(problem.config.time_limit_s) - (time.perf_counter() - built)
+            if remaining <= 0:
+                break
+            res = milp(c, constraints=LinearConstraint(A, m.row_lb, m.row_ub), integrality=np.array(m.integer),
+                       bounds=Bounds(m.lb, m.ub), options={"time_limit": remaining, "mip_rel_gap": 1e-7,
+                                                           "presolve": presolve})
+            if res.status != 4:
+                break
+        if res is None or res.status != 4 or time.perf_counter() - built >= float(problem.config.time_limit_s):
             break
-        res = milp(c, constraints=LinearConstraint(A, m.row_lb, m.row_ub), integrality=np.array(m.integer),
-                   bounds=Bounds(m.lb, m.ub), options={"time_limit": remaining, "mip_rel_gap": 1e-7,
-                                                       "presolve": presolve})
-        if res.status != 4:
-            break
+        logger.info("milp: HiGHS failed to solve the model with horizon %.4g (status 4); retrying", horizon)
     assert res is not None, "time_limit_s must be > 0"
     solve_s = time.perf_counter() - built
     dev, order, best = inc_dev, inc_order, incumbent
