@@ -86,12 +86,11 @@ from scipy.optimize import lsq_linear
 
 from hetpart.errors import PredictorError
 from hetpart.graph import OpGraph, OpNode
-from predictors.features import member_ops
+from predictors.features import DEFAULT_CORE_CACHE_BYTES, member_ops
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CACHE_BYTES = 32 * 2 ** 20
-DEFAULT_CORE_CACHE_BYTES = 2 * 2 ** 20
 # A model whose cold weights add up to at most this share of the last-level cache finds them there at the next
 # inference (the rest of the cache holds its activations): its kernels pay no cold-weight term. Chosen a priori
 # (half the cache), then measured on profiles_session5b with measured kernel labels (model_level_floor, LOMO):

@@ -6,6 +6,10 @@ by its related kind's model (:data:`RELATED_KIND`: conv2d <-> depthwise_conv2d) 
 It also holds the device's in-model terms (:mod:`predictors.context`) and is saved as JSON with its provenance
 (device, target, TVM version, feature schema, training ranges), never as a pickle. Convolutions are modelled per
 batch element (:data:`~predictors.features.PER_SAMPLE_KINDS`).
+
+A specialist kind (:data:`~predictors.features.SPECIALIST_KINDS`: ``gemv``, the matmuls scheduled as
+matrix-vector products) has a model of its own, trained on its kernels only; they also train their parent kind's
+model (matmul), which predicts them when the specialist has too few samples or the predictor predates it.
 """
 from __future__ import annotations
 
@@ -23,10 +27,11 @@ import numpy as np
 
 from hetpart.errors import ExtrapolationWarning, PredictorError, SchemaError
 from hetpart.graph import OpNode
-from predictors.context import ContextTerms, fit_context_terms, predict_in_context_us
-from predictors.features import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES, KIND_FEATURES_BY_SCHEMA,
-                                 PER_SAMPLE_KINDS, RESIDUAL_EXCLUDED, feature_matrix, feature_vector, kernel_kind,
-                                 vectors_to_matrix, workload_key)
+from predictors.context import ContextTerms, core_cache_bytes, fit_context_terms, predict_in_context_us
+from predictors.features import (DEFAULT_CORE_CACHE_BYTES, FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES,
+                                 KIND_FEATURES_BY_SCHEMA, PER_SAMPLE_KINDS, RESIDUAL_EXCLUDED, SPECIALIST_KINDS,
+                                 feature_matrix, feature_vector, kernel_kind, model_kind, vectors_to_matrix,
+                                 workload_key)
 from predictors.polynomial import PolynomialLatencyModel
 from tvm_passes.tile_plan import vector_lanes_for
 
@@ -65,9 +70,12 @@ class DevicePredictor:
 
     def __init__(self, device: str = "cpu", target: Mapping[str, Any] | None = None, tvm_version: str | None = None,
                  degrees: Sequence[int] = (1, 2), alphas: Sequence[float] = (1e-4, 1e-2, 1.0),
-                 min_samples_per_kind: int = 12, exact_lookup: bool = True, num_threads: int | None = None):
+                 min_samples_per_kind: int = 12, exact_lookup: bool = True, num_threads: int | None = None,
+                 core_cache_bytes: int | None = None):
         self.device = device
         self.num_threads = num_threads      # TVM threads the training kernels ran with (None: not recorded)
+        # Combined L2 of the cores those threads ran on (a feature of the gemv model); None: this host's, at fit
+        self.core_cache_bytes = core_cache_bytes
         self.target = dict(target or {"kind": "llvm"})
         self.tvm_version = tvm_version if tvm_version is not None else _installed_tvm_version()
         self.degrees, self.alphas = tuple(degrees), tuple(alphas)
@@ -99,13 +107,16 @@ class DevicePredictor:
         if len(nodes) != len(y):
             raise PredictorError(f"{len(nodes)} kernels but {len(y)} latencies: they must pair up")
         start = time.perf_counter()
+        if self.core_cache_bytes is None:
+            self.core_cache_bytes = core_cache_bytes(self.num_threads)
         kinds = np.array([kernel_kind(n) for n in nodes])
-        vectors = [feature_vector(n, self.vector_lanes) for n in nodes]
+        specialists = np.array([model_kind(n) for n in nodes])
+        vectors = self._vectors(nodes)
         self.models, self.feature_schema_version = {}, FEATURE_SCHEMA_VERSION
-        for kind in sorted(set(kinds.tolist())):
-            idx = np.flatnonzero(kinds == kind)
+        for kind in sorted(set(kinds.tolist()) | set(specialists.tolist())):
+            idx = np.flatnonzero((kinds == kind) | (specialists == kind))
             if len(idx) < self.min_samples_per_kind:
-                logger.info("kind %s has %d samples (< %d): the fallback model will predict it",
+                logger.info("kind %s has %d samples (< %d): it gets no model of its own",
                             kind, len(idx), self.min_samples_per_kind)
                 continue
             names = KIND_FEATURES[kind]
@@ -119,7 +130,8 @@ class DevicePredictor:
             labels.setdefault(_lookup_key(node), []).append(float(value))
         self.measured_us_ = {k: float(np.median(v)) for k, v in sorted(labels.items())} if self.exact_lookup else {}
         self.fit_info = {"fit_seconds": time.perf_counter() - start, "n_samples": len(nodes),
-                         "samples_per_kind": {k: int((kinds == k).sum()) for k in sorted(set(kinds.tolist()))},
+                         "samples_per_kind": {k: int(((kinds == k) | (specialists == k)).sum())
+                                              for k in sorted(set(kinds.tolist()) | set(specialists.tolist()))},
                          "fit_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         return self
 
@@ -128,27 +140,36 @@ class DevicePredictor:
             raise PredictorError(f"the predictor for device {self.device!r} is not fitted; call fit() or load() it")
         nodes = list(nodes)
         out = np.empty(len(nodes))
-        kinds = np.array([kernel_kind(n) for n in nodes]) if nodes else np.array([], dtype=str)
+        kinds = np.array([self._model_kind(n) for n in nodes]) if nodes else np.array([], dtype=str)
         for kind in sorted(set(kinds.tolist())):
             idx = np.flatnonzero(kinds == kind)
             sub = [nodes[i] for i in idx]
-            model_kind = kind if kind in self.models else RELATED_KIND.get(kind)
-            model = self.models.get(model_kind) if model_kind else None
-            if model_kind != kind:
+            used_kind = kind if kind in self.models else RELATED_KIND.get(kind)
+            model = self.models.get(used_kind) if used_kind else None
+            if used_kind != kind:
                 warnings.warn(UnseenKindWarning(
                     f"device {self.device!r} has no model for kernel kind {kind!r} ({len(idx)} kernels, e.g. "
-                    f"{sub[0].op}); the {model_kind + ' model' if model else 'fallback (bytes, FLOPs) model'} "
+                    f"{sub[0].op}); the {used_kind + ' model' if model else 'fallback (bytes, FLOPs) model'} "
                     "predicted them. Profile such kernels and refit for better accuracy."), stacklevel=2)
             if model is None:
                 out[idx] = self.fallback.predict(feature_matrix(sub, FALLBACK_FEATURES, self.vector_lanes))
             else:
-                vectors = [feature_vector(n, self.vector_lanes) for n in sub]
-                out[idx] = model.predict(vectors_to_matrix(vectors, self.kind_features[model_kind])) \
-                    * _batch_scale(model_kind, vectors)
+                vectors = self._vectors(sub)
+                out[idx] = model.predict(vectors_to_matrix(vectors, self.kind_features[used_kind])) \
+                    * _batch_scale(used_kind, vectors)
         if self.measured_us_:
             for i, node in enumerate(nodes):
                 out[i] = self.measured_us_.get(_lookup_key(node), out[i])
         return out
+
+    def _model_kind(self, node: OpNode) -> str:
+        """The kind whose model predicts ``node``: its specialist kind if that was fitted, else its kernel kind."""
+        kind = model_kind(node)
+        return kind if kind in self.models or kind not in SPECIALIST_KINDS else SPECIALIST_KINDS[kind]
+
+    def _vectors(self, nodes: Sequence[OpNode]) -> list[dict[str, float]]:
+        core = self.core_cache_bytes if self.core_cache_bytes is not None else DEFAULT_CORE_CACHE_BYTES
+        return [feature_vector(n, self.vector_lanes, core) for n in nodes]
 
     def fit_context(self, models: Iterable[tuple[Sequence[OpNode], float]],
                     cache_bytes: int | None = None, core_cache: int | None = None) -> ContextTerms:
@@ -165,7 +186,8 @@ class DevicePredictor:
         ranges = {kind: {name: [float(lo), float(hi)] for name, lo, hi in
                          zip(self.kind_features[kind], m.feature_min_, m.feature_max_)} for kind, m in self.models.items()}
         return {"device": self.device, "target": dict(self.target), "tvm_version": self.tvm_version,
-                "num_threads": self.num_threads, "feature_schema_version": self.feature_schema_version,
+                "num_threads": self.num_threads, "core_cache_bytes": self.core_cache_bytes,
+                "feature_schema_version": self.feature_schema_version,
                 "source": self.source, "training_ranges": ranges, **self.fit_info}
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,7 +214,8 @@ class DevicePredictor:
                 "on the profile database.")
         pred = cls(device=prov.get("device", "cpu"), target=prov.get("target"), tvm_version=prov.get("tvm_version"),
                    degrees=data["degrees"], alphas=data["alphas"], min_samples_per_kind=data["min_samples_per_kind"],
-                   exact_lookup=data["exact_lookup"], num_threads=prov.get("num_threads"))
+                   exact_lookup=data["exact_lookup"], num_threads=prov.get("num_threads"),
+                   core_cache_bytes=prov.get("core_cache_bytes"))
         pred.feature_schema_version = int(schema)
         pred.measured_us_ = {str(k): float(v) for k, v in data["measured_us"].items()}
         pred.models = {k: PolynomialLatencyModel.from_dict(m) for k, m in data["models"].items()}

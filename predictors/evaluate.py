@@ -141,12 +141,14 @@ def model_level_floor(records: Mapping[str, ModelRecord], group_of: Mapping[str,
 
 
 # ---------------------------------------------------------------------- cross-validation
-def default_methods(target: Mapping[str, Any] | None = None) -> dict[str, Callable[[], Any]]:
+def default_methods(target: Mapping[str, Any] | None = None,
+                    core_cache_bytes: int | None = None) -> dict[str, Callable[[], Any]]:
     """Name -> factory of an unfitted predictor with fit(nodes, latencies_us) / predict(nodes).
 
     ``target``: the compilation target the kernels were measured for (the polynomial's schedule-derived features
-    depend on its SIMD width)."""
-    return {"polynomial": functools.partial(DevicePredictor, target=target), **BASELINES}
+    depend on its SIMD width); ``core_cache_bytes``: the combined L2 of the cores they ran on (None: this host's)."""
+    return {"polynomial": functools.partial(DevicePredictor, target=target, core_cache_bytes=core_cache_bytes),
+            **BASELINES}
 
 
 def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, str],

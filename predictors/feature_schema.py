@@ -8,7 +8,7 @@ measurements that decided it. :mod:`predictors.features` re-exports every name h
 """
 from __future__ import annotations
 
-FEATURE_SCHEMA_VERSION = 9
+FEATURE_SCHEMA_VERSION = 10
 
 # Raw (positive) features each per-kind polynomial model uses; the model takes log(1 + x) itself. The first
 # feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
@@ -18,6 +18,8 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
     "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
     "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems",
                "matmul_tile_accumulators", "matmul_vector_width"),
+    "gemv": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems",
+             "matmul_tile_accumulators", "matmul_vector_width", "bytes_beyond_core_cache"),
     "pool": ("bytes_total", "out_elems", "kernel_area", "stride", "pool_bounds_checked"),
     "elementwise": ("bytes_total", "out_elems", "transcendental_elems", "layout_ops", "concat_chain_elems"),
     "reduction": ("bytes_total", "in_elems", "out_elems", "n_members", "transcendental_elems"),
@@ -68,15 +70,38 @@ PER_SAMPLE_KINDS = frozenset({"conv2d"})
 # 17.6% / 16.1% -> 15.8% / 14.0%, worst 69.0% / 63.6% -> 34.5% / 33.6% (BERT-small, which no other family
 # resembles). The tile's tail (rows or N the tile does not divide) as a third feature made kernels >= 100 µs worse
 # (10.5% / 8.1%).
+# Schema 10 adds a specialist model (SPECIALIST_KINDS, below) for the matmuls hetpart's CPU rule schedules as
+# matrix-vector products (an RNN step at batch 1, a classifier at batch 1). They stream their matrix once, so their
+# time is set by where it comes from: on the Intel host 150-210 GB/s while the operands fit in the two cores' L2
+# (4 MiB), 50-63 GB/s from 6 to 14 MB, 16-20 GB/s beyond the last-level cache. One degree-2 polynomial over all
+# matmuls smoothed that cliff: an LSTM step's 1x650 @ 650x2608 product (6.8 MB, 114 µs, 68 instances in its model)
+# was predicted 73 µs before the residual correction and 93 µs after it (-18%) with the LSTM held out. The
+# specialist is fitted on matrix-vector products only, with one more feature: the bytes beyond the cores' L2
+# (DevicePredictor.core_cache_bytes). It predicts that product at 102 µs (-10%). Measured on three Intel databases
+# (profiles_session15c / 15a / 15b), leave-one-model-out: kernels >= 100 µs 7.0 / 9.4 / 6.9% -> 6.1 / 8.1 / 6.2%
+# MAPE, within ±10% 75.0 / 67.4 / 81.1% -> 85.9 / 78.6 / 81.1%; kernels 10-100 µs unchanged (7.7 / 8.8 / 7.9%);
+# whole models 7.04 / 6.52 / 7.07% -> 7.00 / 6.79 / 6.95%. Leave-one-family-out: kernels 10-100 µs 52.0 / 52.3 /
+# 50.5% -> 38.6 / 41.0 / 38.7%, whole models 14.6 / 15.7 / 14.0% -> 12.8 / 13.8 / 12.4%, but kernels >= 100 µs
+# within ±10% 59.1 / 53.6 / 56.2% -> 59.1 / 42.4 / 45.4% (the LSTM's 68 step products, held out with their family,
+# went from -5% to +15% on 15a). Tried: the same feature on every matmul without a specialist (15c 86.1% within
+# ±10%, but 15a / 15b 66.7 / 81.1%, whole models 6.59 / 7.30%); a specialist without it (the LSTM step stayed at
+# -18%); a specialist whose kernels leave the matmul model's training (leave-one-family-out within ±10% 34.8 /
+# 37.4% on 15a / 15b: the LSTM at batch 4, a 4-row product, lost the support of its batch-1 twins). The L2 of one
+# core (2 MiB) as the threshold instead of the two cores' left the LSTM step at -15% on 15c (75.0% within ±10%).
 _MATMUL_8 = ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems")
-_WITHOUT_POOL_GUARD = {**KIND_FEATURES, "matmul": _MATMUL_8,
+# Specialist kind -> the kernel kind it is a part of. Its kernels train both models; a specialist predicts them when
+# it was fitted (enough samples, schema >= 10), else the parent kind's model does, as before schema 10.
+SPECIALIST_KINDS: dict[str, str] = {"gemv": "matmul"}
+_SCHEMA_9 = {kind: names for kind, names in KIND_FEATURES.items() if kind not in SPECIALIST_KINDS}
+_WITHOUT_POOL_GUARD = {**_SCHEMA_9, "matmul": _MATMUL_8,
                        "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "pool_bounds_checked")}
 # Feature lists of earlier schemas whose feature *definitions* this schema keeps: predictors fitted with them load
 # and predict with their own lists (the shipped Zen predictors are schema 6 and their databases are gone).
 KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
     6: {**_WITHOUT_POOL_GUARD, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "batch")},
     7: _WITHOUT_POOL_GUARD,
-    8: {**KIND_FEATURES, "matmul": _MATMUL_8},
+    8: {**_SCHEMA_9, "matmul": _MATMUL_8},
+    9: _SCHEMA_9,
     FEATURE_SCHEMA_VERSION: KIND_FEATURES,
 }
 # Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a

@@ -21,12 +21,16 @@ import numpy as np
 
 from hetpart.graph import OpNode
 from predictors.feature_schema import (FALLBACK_FEATURES, FEATURE_SCHEMA_VERSION, KIND_FEATURES,  # noqa: F401
-                                       KIND_FEATURES_BY_SCHEMA, PER_SAMPLE_KINDS, RESIDUAL_EXCLUDED)
+                                       KIND_FEATURES_BY_SCHEMA, PER_SAMPLE_KINDS, RESIDUAL_EXCLUDED,
+                                       SPECIALIST_KINDS)
 from tvm_passes.tile_plan import conv_prepacks_weights, conv_register_tile, matmul_register_tile
 
 # SIMD width (fp32 lanes) assumed by the schedule-derived features when the caller does not give its target's
 # (AVX-512, the machine kind hetpart ships a CPU predictor for); DevicePredictor passes its own target's width.
 DEFAULT_VECTOR_LANES = 16
+# Combined L2 of the cores a kernel runs on, when the caller does not give its machine's (DevicePredictor records
+# the L2 of the thread count its database's kernels ran with; predictors.context re-exports this default).
+DEFAULT_CORE_CACHE_BYTES = 2 * 2 ** 20
 
 KINDS = ("conv2d", "depthwise_conv2d", "matmul", "pool", "elementwise", "reduction", "data_movement", "other")
 
@@ -121,6 +125,8 @@ FEATURE_SCHEMA: dict[str, str] = {
                                 "(tvm_passes.tile_plan; 0 for other kinds)",
     "matmul_vector_width": "elements of the matmul tile's column vector (a power-of-two number of registers, half or "
                            "quarter of one, or the whole N when small and ragged; 0 for other kinds)",
+    "bytes_beyond_core_cache": "bytes_total minus the combined L2 of the cores the kernel runs on (0 when it "
+                               "fits): what a kernel that streams its operands once reads from L3 or DRAM",
     "pool_bounds_checked": "1 when a pool window can reach outside its input (padding, or ceil_mode rounding the "
                            "output up), so every load is guarded; 0 otherwise (and for other kinds)",
     "flops_per_sample": "flops / batch",
@@ -219,6 +225,16 @@ def kernel_kind(node: OpNode) -> str:
     return kind
 
 
+def model_kind(node: OpNode) -> str:
+    """The model that predicts a kernel: its :func:`kernel_kind`, or the specialist kind of
+    :data:`SPECIALIST_KINDS` it falls in -- ``"gemv"`` for a matmul hetpart's CPU rule schedules as matrix-vector
+    products (one output row per product: ``tvm_passes.tile_plan.matmul_register_tile`` with ``gemv=True``)."""
+    kind = kernel_kind(node)
+    if kind == "matmul" and _matmul_tile_rows(node) == 1:
+        return "gemv"
+    return kind
+
+
 def _round_up(x: float, multiple: int) -> float:
     return float(math.ceil(x / multiple) * multiple) if x > 0 else 0.0
 
@@ -289,11 +305,12 @@ def _matmul_tile_rows(node: OpNode) -> int:
     return max(rows, 1)
 
 
-def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES) -> dict[str, float]:
+def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES,
+                   core_cache_bytes: int = DEFAULT_CORE_CACHE_BYTES) -> dict[str, float]:
     """Every feature of :data:`FEATURE_SCHEMA` for one kernel, as finite non-negative floats.
 
     ``vector_lanes``: fp32 SIMD lanes of the CPU the kernel is compiled for (the schedule-derived conv and matmul
-    features depend on it)."""
+    features depend on it); ``core_cache_bytes``: combined L2 of the cores it runs on."""
     kind = kernel_kind(node)
     out_elems = float(np.prod(node.output_shapes[0])) if node.output_shapes else 0.0
     in_elems = float(np.prod(node.input_shapes[0])) if node.input_shapes else 0.0
@@ -305,7 +322,7 @@ def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES) -> di
         "n_members": float(len(member_ops(node))), "batch": 1.0, "in_channels": 0.0, "out_channels": 0.0,
         "out_height": 1.0, "out_width": 1.0, "kernel_h": 1.0, "kernel_w": 1.0, "stride": 1.0, "groups": 1.0,
         "reduction_size": node.flops / (2.0 * max(out_elems, 1.0)), "m": 0.0, "n": 0.0, "k": 0.0,
-        "pool_bounds_checked": 0.0,
+        "pool_bounds_checked": 0.0, "bytes_beyond_core_cache": max(0.0, bytes_total - float(core_cache_bytes)),
     }
     attrs = anchor_attrs(node)
     if kind in ("conv2d", "depthwise_conv2d"):
@@ -362,9 +379,10 @@ def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES) -> di
 
 
 def feature_matrix(nodes: list[OpNode] | tuple[OpNode, ...], names: tuple[str, ...],
-                   vector_lanes: int = DEFAULT_VECTOR_LANES) -> np.ndarray:
+                   vector_lanes: int = DEFAULT_VECTOR_LANES,
+                   core_cache_bytes: int = DEFAULT_CORE_CACHE_BYTES) -> np.ndarray:
     """Rows = nodes, columns = the named features (float64)."""
-    return vectors_to_matrix([feature_vector(n, vector_lanes) for n in nodes], names)
+    return vectors_to_matrix([feature_vector(n, vector_lanes, core_cache_bytes) for n in nodes], names)
 
 
 def vectors_to_matrix(rows: list[Mapping[str, float]], names: tuple[str, ...]) -> np.ndarray:

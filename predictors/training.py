@@ -202,7 +202,7 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
     keys = sorted(data.kernels)
     nodes, labels = training_set(data)
     predictor = DevicePredictor(device=device, target=json.loads(data.target), tvm_version=data.tvm_version,
-                                num_threads=data.num_threads or None)
+                                num_threads=data.num_threads or None, core_cache_bytes=measured_core_cache(data))
     predictor.fit(nodes, labels)
     cache = effective_cache_bytes_for_db(db_path, json.loads(data.target).get("mcpu"))
     if data.records:
@@ -252,7 +252,7 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
     if len(data.records) < 2:
         raise PredictorError(f"evaluation needs >= 2 complete model variants; found {len(data.records)} "
                              f"(excluded: {data.excluded_models}). Profile with a larger budget.")
-    methods = dict(methods or ev.default_methods(json.loads(data.target)))
+    methods = dict(methods or ev.default_methods(json.loads(data.target), measured_core_cache(data)))
     syn_nodes, syn_lat = data.synthetic()
     with_syn = {name: (lambda f=f: WithExtraTraining(f, syn_nodes, syn_lat)) for name, f in methods.items()}
     splits = {"leave_one_model_out": ({n: n for n in data.records}, with_syn if syn_nodes else methods),

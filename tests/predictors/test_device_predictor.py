@@ -189,7 +189,10 @@ def test_fit_time_for_thousands_of_samples_is_far_below_a_minute():
     predictor = DevicePredictor().fit(nodes, y)
     elapsed = time.perf_counter() - start
     assert elapsed < 60, f"fit of 3000 samples took {elapsed:.1f} s"
-    assert predictor.fit_info["fit_seconds"] <= elapsed and len(predictor.models) == 6
+    assert predictor.fit_info["fit_seconds"] <= elapsed
+    # the six kinds, plus the matrix-vector specialist (a fifth of the random matmuls have one row)
+    assert set(predictor.models) == {"conv2d", "depthwise_conv2d", "matmul", "gemv", "pool", "elementwise",
+                                     "data_movement"}
 
 
 def test_a_depthwise_kernel_without_its_own_model_uses_the_conv2d_model(fitted_predictor):
@@ -321,3 +324,59 @@ def test_kind_models_leave_the_schema_s_excluded_features_out_of_the_correction(
     assert KIND_FEATURES["conv2d"].index("batch") not in conv.residual_columns
     assert len(conv.residual_columns) == len(KIND_FEATURES["conv2d"]) - 1
     assert _kind_model("matmul", (1,), (1.0,)).residual_columns is None
+
+
+def _gemv_and_gemm_kernels(rng, count=300):
+    """Matmuls half of which are matrix-vector products (one row), with a bandwidth cliff at 4 MiB for those."""
+    from tests.predictors.synthetic_kernels import matmul_node
+
+    nodes = [matmul_node(i, 1 if i % 2 else int(rng.choice([4, 32, 128])), int(rng.integers(128, 4096)),
+                         int(rng.integers(128, 8192))) for i in range(count)]
+    core = 4 * 2 ** 20
+
+    def latency_us(node):
+        nbytes = node.bytes_read + node.bytes_written
+        if node.output_shapes[0][0] == 1:
+            return 1.5 + min(nbytes, core) / 200e3 + max(0, nbytes - core) / 55e3
+        return 2.0 + node.flops / 60e3 + nbytes / 100e3
+
+    return nodes, np.array([latency_us(n) for n in nodes]) * rng.lognormal(0.0, 0.02, count), core
+
+
+def test_matrix_vector_products_get_a_specialist_model_and_still_train_the_matmul_model(tmp_path):
+    nodes, latencies_us, core = _gemv_and_gemm_kernels(np.random.default_rng(5))
+    predictor = DevicePredictor(core_cache_bytes=core, exact_lookup=False).fit(nodes, latencies_us)
+    gemvs = [n for n in nodes if n.output_shapes[0][0] == 1]
+    counts = predictor.fit_info["samples_per_kind"]
+    assert counts["gemv"] == len(gemvs) and counts["matmul"] == len(nodes)
+    specialist, matmul = predictor.models["gemv"], predictor.models["matmul"]
+    assert specialist.feature_names[-1] == "bytes_beyond_core_cache" == KIND_FEATURES["gemv"][-1]
+    m_column = KIND_FEATURES["gemv"].index("m")
+    assert specialist.feature_max_[m_column] == 1 and matmul.feature_max_[m_column] == 128
+    span = predictor.provenance()["training_ranges"]["gemv"]["bytes_beyond_core_cache"]
+    assert span[0] == 0 and span[1] > 0       # kernels on both sides of the cores' L2
+    # the specialist predicts the products; the matmul model, fitted on them too, predicts them otherwise
+    specialist_us = predictor.predict(gemvs)
+    assert np.allclose(specialist_us, specialist.predict(feature_matrix(gemvs, KIND_FEATURES["gemv"],
+                                                                        predictor.vector_lanes, core)))
+    # the cache size is part of the predictor's JSON: a loaded one computes the same feature
+    predictor.save(tmp_path / "cpu.json")
+    loaded = DevicePredictor.load(tmp_path / "cpu.json")
+    assert loaded.core_cache_bytes == core and np.array_equal(loaded.predict(gemvs), specialist_us)
+
+
+def test_a_predictor_without_the_gemv_specialist_predicts_matrix_vector_products_with_its_matmul_model():
+    """Predictors of schema 9 and older (and fits with too few products) have no gemv model: the matmul model
+    predicts the products, as it did before the specialist, and that is not an unseen kind."""
+    nodes, latencies_us, core = _gemv_and_gemm_kernels(np.random.default_rng(6))
+    predictor = DevicePredictor(core_cache_bytes=core, exact_lookup=False).fit(nodes, latencies_us)
+    gemvs = [n for n in nodes if n.output_shapes[0][0] == 1]
+    del predictor.models["gemv"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnseenKindWarning)
+        by_matmul = predictor.predict(gemvs)
+    expected = predictor.models["matmul"].predict(feature_matrix(gemvs, KIND_FEATURES["matmul"],
+                                                                 predictor.vector_lanes, core))
+    np.testing.assert_allclose(by_matmul, expected)
+    few = DevicePredictor(core_cache_bytes=core, min_samples_per_kind=len(gemvs) + 1).fit(nodes, latencies_us)
+    assert "gemv" not in few.models and "matmul" in few.models

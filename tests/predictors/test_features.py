@@ -2,8 +2,8 @@
 import math
 
 from hetpart.graph import OpNode
-from predictors.features import (FEATURE_SCHEMA, FEATURE_SCHEMA_VERSION, KIND_FEATURES, KINDS, feature_matrix,
-                                 feature_vector, kernel_kind, member_ops, workload_key)
+from predictors.features import (FEATURE_SCHEMA, FEATURE_SCHEMA_VERSION, KIND_FEATURES, KINDS, SPECIALIST_KINDS,
+                                 feature_matrix, feature_vector, kernel_kind, member_ops, model_kind, workload_key)
 from tests.predictors.synthetic_kernels import conv_node, elementwise_node, matmul_node, pool_node, reshape_node
 
 
@@ -27,7 +27,7 @@ def test_kinds_follow_the_anchor_op():
     assert kernel_kind(_node("fused:add+nn.conv2d+nn.relu", in_shapes=((1, 8, 4, 4),),
                              out_shapes=((1, 8, 4, 4),), flops=10)) == "conv2d"
     assert kernel_kind(_node("relax.image.resize2d")) == "other"
-    assert set(KIND_FEATURES) == set(KINDS)
+    assert set(KIND_FEATURES) == set(KINDS) | set(SPECIALIST_KINDS)
     assert member_ops(_node("fused:nn.conv2d+add")) == ["nn.conv2d", "add"]
 
 
@@ -145,3 +145,27 @@ def test_matmul_features_describe_the_rules_register_tile():
     assert feature_vector(hoisted, vector_lanes=16)["matmul_tile_accumulators"] == 7     # 7 of the 35 rows
     conv = feature_vector(conv_node(0, 1, 32, 128, 27, 1))
     assert conv["matmul_tile_accumulators"] == conv["matmul_vector_width"] == 0
+
+
+def test_matrix_vector_products_are_the_gemv_specialist_s_and_the_rules():
+    """model_kind: "gemv" exactly for the matmuls the CPU rule schedules as matrix-vector products."""
+    step = matmul_node(0, 1, 650, 2608)                  # an LSTM step at batch 1
+    assert (kernel_kind(step), model_kind(step)) == ("matmul", "gemv")
+    assert model_kind(matmul_node(0, 4, 650, 2608)) == "matmul"      # 4 rows: a register-tiled product
+    hoisted = OpNode(id=0, name="k0", op="fused:matmul+add", input_shapes=((35, 1, 650), (650, 2608)),
+                     input_dtypes=("float32", "float32"), output_shapes=((35, 1, 2608),), output_dtypes=("float32",),
+                     flops=2 * 35 * 650 * 2608, bytes_read=4 * (35 * 650 + 650 * 2608), bytes_written=4 * 35 * 2608)
+    assert model_kind(hoisted) == "matmul"                # 35 products sharing B: tiled over the 35
+    for node in (conv_node(0, 1, 32, 64, 28, 3), pool_node(0, 1, 16, 28, 2, 2), reshape_node(0, (1, 8))):
+        assert model_kind(node) == kernel_kind(node)
+    assert SPECIALIST_KINDS == {"gemv": "matmul"}
+    assert set(KIND_FEATURES["matmul"]) < set(KIND_FEATURES["gemv"])
+
+
+def test_bytes_beyond_the_cores_cache_is_what_the_kernel_moves_past_their_l2():
+    step = matmul_node(0, 1, 650, 2608)
+    total = step.bytes_read + step.bytes_written                        # 6.8 MB
+    assert feature_vector(step, core_cache_bytes=4 * 2 ** 20)["bytes_beyond_core_cache"] == total - 4 * 2 ** 20
+    assert feature_vector(step, core_cache_bytes=8 * 2 ** 20)["bytes_beyond_core_cache"] == 0.0
+    small = feature_vector(matmul_node(0, 1, 64, 64))
+    assert small["bytes_beyond_core_cache"] == 0.0 and small["bytes_total"] > 0
