@@ -69,6 +69,13 @@ labels (``model_level_floor``, leave-one-model-out over the 23 zoo variants) the
 to 6.7% / 17.2% on profiles_session13a (30 of 48 MiB), 6.3% / 15.4% to 5.7% / 13.6% on profiles_session12a (36 or
 42 of 48 MiB). Predictors saved before keep the cache they stored.
 
+**Tried and not adopted** (session 16): a fourth rate for the weights of kernels whose whole traffic fits in the
+cores' L2 (warm in L2 when timed alone, read from L3 or DRAM inside a model). With measured kernel labels it took
+profiles_session15c from 6.9% to 5.9% MAPE, but with the polynomial's predictions (leave-one-model-out) it made whole
+models worse on seven of eight Intel databases (+0.01 to +0.27 points) and better only on 15c (7.00% -> 6.35%).
+Taking one core's L2 instead of the cores' as the spill threshold moved the measured-label floor by -0.3 to +0.1
+points over eight databases: too little to replace the measured size with a tuned constant.
+
 All are fitted by non-negative least squares on relative error, so they never turn a latency negative.
 Predictors saved before the third term load with it at 0, and those saved before the cache share rule keep the
 half-cache gate (``cold_weight_rule``): their behaviour is unchanged.

@@ -184,7 +184,8 @@ class DevicePredictor:
     # ------------------------------------------------------------------ provenance + JSON
     def provenance(self) -> dict[str, Any]:
         ranges = {kind: {name: [float(lo), float(hi)] for name, lo, hi in
-                         zip(self.kind_features[kind], m.feature_min_, m.feature_max_)} for kind, m in self.models.items()}
+                         zip(self.kind_features[kind], m.feature_min_, m.feature_max_)}
+                  for kind, m in self.models.items()}
         return {"device": self.device, "target": dict(self.target), "tvm_version": self.tvm_version,
                 "num_threads": self.num_threads, "core_cache_bytes": self.core_cache_bytes,
                 "feature_schema_version": self.feature_schema_version,
