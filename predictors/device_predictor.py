@@ -74,8 +74,10 @@ class DevicePredictor:
                  core_cache_bytes: int | None = None):
         self.device = device
         self.num_threads = num_threads      # TVM threads the training kernels ran with (None: not recorded)
-        # Combined L2 of the cores those threads ran on (a feature of the gemv model); None: this host's, at fit
+        # Combined L2 of the cores those threads ran on (a feature of the gemv model); None: this host's, resolved
+        # by fit() into core_cache_bytes_
         self.core_cache_bytes = core_cache_bytes
+        self.core_cache_bytes_: int | None = None
         self.target = dict(target or {"kind": "llvm"})
         self.tvm_version = tvm_version if tvm_version is not None else _installed_tvm_version()
         self.degrees, self.alphas = tuple(degrees), tuple(alphas)
@@ -107,14 +109,14 @@ class DevicePredictor:
         if len(nodes) != len(y):
             raise PredictorError(f"{len(nodes)} kernels but {len(y)} latencies: they must pair up")
         start = time.perf_counter()
-        if self.core_cache_bytes is None:
-            self.core_cache_bytes = core_cache_bytes(self.num_threads)
+        self.core_cache_bytes_ = int(self.core_cache_bytes if self.core_cache_bytes is not None
+                                     else core_cache_bytes(self.num_threads))
         kinds = np.array([kernel_kind(n) for n in nodes])
-        specialists = np.array([model_kind(n) for n in nodes])
+        model_kinds = np.array([model_kind(n) for n in nodes])     # the kernel kind, or its specialist kind
         vectors = self._vectors(nodes)
         self.models, self.feature_schema_version = {}, FEATURE_SCHEMA_VERSION
-        for kind in sorted(set(kinds.tolist()) | set(specialists.tolist())):
-            idx = np.flatnonzero((kinds == kind) | (specialists == kind))
+        for kind in sorted(set(kinds.tolist()) | set(model_kinds.tolist())):
+            idx = np.flatnonzero((kinds == kind) | (model_kinds == kind))
             if len(idx) < self.min_samples_per_kind:
                 logger.info("kind %s has %d samples (< %d): it gets no model of its own",
                             kind, len(idx), self.min_samples_per_kind)
@@ -130,8 +132,8 @@ class DevicePredictor:
             labels.setdefault(_lookup_key(node), []).append(float(value))
         self.measured_us_ = {k: float(np.median(v)) for k, v in sorted(labels.items())} if self.exact_lookup else {}
         self.fit_info = {"fit_seconds": time.perf_counter() - start, "n_samples": len(nodes),
-                         "samples_per_kind": {k: int(((kinds == k) | (specialists == k)).sum())
-                                              for k in sorted(set(kinds.tolist()) | set(specialists.tolist()))},
+                         "samples_per_kind": {k: int(((kinds == k) | (model_kinds == k)).sum())
+                                              for k in sorted(set(kinds.tolist()) | set(model_kinds.tolist()))},
                          "fit_date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         return self
 
@@ -168,8 +170,7 @@ class DevicePredictor:
         return kind if kind in self.models or kind not in SPECIALIST_KINDS else SPECIALIST_KINDS[kind]
 
     def _vectors(self, nodes: Sequence[OpNode]) -> list[dict[str, float]]:
-        core = self.core_cache_bytes if self.core_cache_bytes is not None else DEFAULT_CORE_CACHE_BYTES
-        return [feature_vector(n, self.vector_lanes, core) for n in nodes]
+        return [feature_vector(n, self.vector_lanes, self.core_cache_bytes_) for n in nodes]
 
     def fit_context(self, models: Iterable[tuple[Sequence[OpNode], float]],
                     cache_bytes: int | None = None, core_cache: int | None = None) -> ContextTerms:
@@ -187,7 +188,7 @@ class DevicePredictor:
                          zip(self.kind_features[kind], m.feature_min_, m.feature_max_)}
                   for kind, m in self.models.items()}
         return {"device": self.device, "target": dict(self.target), "tvm_version": self.tvm_version,
-                "num_threads": self.num_threads, "core_cache_bytes": self.core_cache_bytes,
+                "num_threads": self.num_threads, "core_cache_bytes": self.core_cache_bytes_,
                 "feature_schema_version": self.feature_schema_version,
                 "source": self.source, "training_ranges": ranges, **self.fit_info}
 
@@ -218,6 +219,8 @@ class DevicePredictor:
                    exact_lookup=data["exact_lookup"], num_threads=prov.get("num_threads"),
                    core_cache_bytes=prov.get("core_cache_bytes"))
         pred.feature_schema_version = int(schema)
+        # files before schema 10 have no gemv model, so the default never reaches a prediction
+        pred.core_cache_bytes_ = int(prov.get("core_cache_bytes") or DEFAULT_CORE_CACHE_BYTES)
         pred.measured_us_ = {str(k): float(v) for k, v in data["measured_us"].items()}
         pred.models = {k: PolynomialLatencyModel.from_dict(m) for k, m in data["models"].items()}
         pred.fallback = PolynomialLatencyModel.from_dict(data["fallback"])

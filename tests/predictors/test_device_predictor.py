@@ -362,7 +362,8 @@ def test_matrix_vector_products_get_a_specialist_model_and_still_train_the_matmu
     # the cache size is part of the predictor's JSON: a loaded one computes the same feature
     predictor.save(tmp_path / "cpu.json")
     loaded = DevicePredictor.load(tmp_path / "cpu.json")
-    assert loaded.core_cache_bytes == core and np.array_equal(loaded.predict(gemvs), specialist_us)
+    assert loaded.core_cache_bytes_ == core and loaded.provenance()["core_cache_bytes"] == core
+    assert np.array_equal(loaded.predict(gemvs), specialist_us)
 
 
 def test_a_predictor_without_the_gemv_specialist_predicts_matrix_vector_products_with_its_matmul_model():
