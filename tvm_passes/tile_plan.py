@@ -144,6 +144,36 @@ def conv_register_tile(out_channels: int, out_width: int, reduction: int, channe
                             vec_factor=column_vector_factor(out_width, lanes))
 
 
+# Batch-1 convs on several cores: bands of output rows (see conv_row_bands).
+CONV_BAND_MIN_INPUT_TO_WEIGHTS = 2.0
+CONV_BAND_INPUT_BYTES = 512 * 1024
+
+
+def conv_row_bands(batch: int, out_rows: int, input_bytes: int, weight_bytes: int, cores: int) -> int:
+    """How many bands of output rows the conv rule splits a conv into, outermost (1 = no bands).
+
+    ``input_bytes``: one sample of the input as the conv reads it (padded when it has a pad stage);
+    ``weight_bytes``: its weights. From ``cores`` samples up the rule gives each core whole samples. Below that it
+    used to split the output channels, so every core read the whole input once per channel tile it computed, while
+    the weights were split. When the input outweighs the weights (``CONV_BAND_MIN_INPUT_TO_WEIGHTS``), bands of rows
+    are cheaper: each core reads its own rows of the input, in slabs of about ``CONV_BAND_INPUT_BYTES`` that stay in
+    its L2 while every channel tile uses them, and all the weights. The band count is a multiple of ``cores``.
+
+    Measured on the Intel host (2 threads, session 17), batch-1 convs of the zoo models: 1x1 convs from 160-512 to
+    64-256 channels at 28-56 px 0.57-0.83x (192->128 at 56 px 1457 -> 910 us), 64->64 3x3 at 56 and 224 px 0.74x
+    and 0.63x,
+    ResNet-50's 128->128 3x3 stride 2 at 56 px 0.66x; 3 of 51 banded convs slower by more than 4% (at most 1.10x,
+    64->256 1x1 at 28 px); summed over the zoo's batch-1 convs 0.946x. Bands for every conv whose input outweighs
+    its weights (ratio 1) made ten convs 4-18% slower (128->256 3x3 at 56 px 1.18x) for 0.960x; slabs of 1 MiB gave
+    0.949x.
+    """
+    if cores < 2 or batch >= cores or out_rows < 2 * cores:
+        return 1
+    if input_bytes <= CONV_BAND_MIN_INPUT_TO_WEIGHTS * weight_bytes:
+        return 1
+    return min(out_rows, cores * math.ceil(input_bytes / (cores * CONV_BAND_INPUT_BYTES)))
+
+
 MATMUL_VECTORS_MAX = 4  # matmul column tile: up to 4 SIMD registers wide
 MATMUL_TARGET_ACCUMULATORS = 16  # matmul rows x column-vectors kept in registers (32 zmm registers on AVX-512)
 MATMUL_MAX_ROW_TILE = 8

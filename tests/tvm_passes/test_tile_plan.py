@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from tvm_passes.tile_plan import (column_vector_factor, conv_prepacks_weights, conv_register_tile,
+from tvm_passes.tile_plan import (column_vector_factor, conv_prepacks_weights, conv_register_tile, conv_row_bands,
                                   matmul_register_tile, pick_factor, vector_lanes_for)
 
 
@@ -69,6 +69,26 @@ def test_conv_register_tiles():
     half = conv_register_tile(out_channels=24, out_width=82, reduction=288, channel_innermost_weights=True, lanes=16)
     assert (half.over_channels, half.vec_factor, half.reg_factor) == (True, 8, 8)
     assert half.lane_fill(16) == 0.5
+
+
+MIB = 2 ** 20
+
+
+@pytest.mark.parametrize("batch, out_rows, input_bytes, weight_bytes, cores, bands", [
+    (1, 56, 2_408_448, 98_304, 2, 6),     # 192->128 1x1 at 56 px: input 24x the weights, 2.3 MiB in ~0.5 MiB slabs
+    (1, 28, 1_722_368, 589_824, 2, 4),    # 128->128 3x3 stride 2 at 56 px (padded input 58 x 58)
+    (1, 224, 13 * MIB, 147_456, 2, 26),   # 64->64 3x3 at 224 px
+    (1, 56, 3 * MIB, 2 * MIB, 2, 1),      # input less than twice the weights: channel tiles per core
+    (1, 7, 1 * MIB, 10 * MIB, 2, 1),      # weight-bound
+    (2, 56, 2 * MIB, 98_304, 2, 1),       # a sample per core already
+    (1, 56, 2 * MIB, 98_304, 1, 1),       # one core: nothing to split
+    (1, 3, 2 * MIB, 98_304, 2, 1),        # too few rows for two bands per core
+    (1, 5, 8 * MIB, 98_304, 2, 5),        # never more bands than rows
+    (1, 41, 107_584, 1_024, 2, 2),        # a small input still gives each core its own band
+    (1, 64, 3 * MIB, 98_304, 4, 8),       # a multiple of the cores
+])
+def test_conv_row_bands(batch, out_rows, input_bytes, weight_bytes, cores, bands):
+    assert conv_row_bands(batch, out_rows, input_bytes, weight_bytes, cores) == bands
 
 
 def test_vector_lanes():

@@ -18,8 +18,9 @@ Public API (used by tvm_passes.build and predictors.workloads / predictors.profi
 # (tvm_passes.legalize), not a scalar libm call per element; 6 (never released): concat chunks are whole vectors;
 # 7: concat chunk runs are whole vectors or >= 128 elements; 8: a zero-width pad (TOPI's copy of an unpadded conv's
 # input) is inlined into the contraction instead of copied; 9: convs whose column vectors would carry a predicated
-# tail (rows of 82, 73, 149...) vectorise over output channels (whole or half registers) instead.
-RULES_VERSION = 9
+# tail (rows of 82, 73, 149...) vectorise over output channels (whole or half registers) instead; 10: batch-1
+# convs whose input outweighs their weights run in bands of output rows across the cores (tile_plan.conv_row_bands).
+RULES_VERSION = 10
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights

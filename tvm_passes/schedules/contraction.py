@@ -45,6 +45,8 @@ class TilePlan:
     n_spatial: int
     n_reduction: int
     vec_outer_first: bool = False  # order the vec axis' tile loop before the reg axis' (matmul: B panel reuse)
+    row_bands: int = 1  # split spatial loop ``band_axis`` into this many bands, outermost after loop 0 (the batch)
+    band_axis: int = 2
 
 
 def _inline_epilogue_chain(sch: s_tir.Schedule, main_name: str) -> s_tir.schedule.SBlockRV | None:
@@ -132,6 +134,13 @@ def schedule_contraction(sch: s_tir.Schedule, main_name: str, plan: TilePlan, ta
         outer = []
         for index, loop in enumerate(spatial):
             outer.append(reg_outer if index == plan.reg_axis else vec_outer if index == plan.vec_axis else loop)
+    if plan.row_bands > 1 and plan.band_axis in range(1, plan.n_spatial) \
+            and plan.band_axis not in (plan.reg_axis, plan.vec_axis):
+        # Bands of rows outermost (after the batch): the parallel loop then gives each core whole bands.
+        rows = loop_extent(sch, spatial[plan.band_axis]) or 1
+        band_outer, band_inner = sch.split(spatial[plan.band_axis], factors=[None, -(-rows // plan.row_bands)])
+        outer = [outer[0], band_outer] + [band_inner if loop.same_as(spatial[plan.band_axis]) else loop
+                                          for loop in outer[1:]]
     sch.reorder(*outer, *reduction, reg_inner, vec_inner)
 
     # Parallelise enough outer loops to give every core several chunks of work.

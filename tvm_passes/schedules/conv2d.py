@@ -9,12 +9,15 @@ for the tile sizes.
 
 from __future__ import annotations
 
+import math
+
 import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import CpuRule, static_extents, summarize_blocks, vector_lanes
-from ..tile_plan import column_vector_factor, conv_register_tile  # noqa: F401  (column_vector_factor re-exported)
+from .base import CpuRule, num_cores, static_extents, summarize_blocks, vector_lanes
+from ..tile_plan import column_vector_factor  # noqa: F401  (re-exported)
+from ..tile_plan import conv_register_tile, conv_row_bands
 from .contraction import TilePlan, schedule_contraction
 
 
@@ -70,14 +73,43 @@ class Conv2dNCHW(CpuRule):
                                   channel_innermost_weights=weight_is_channel_innermost(sch, name), lanes=lanes)
         # Vectors over output channels (IHWO weights) x unrolled output columns, or the transpose.
         reg_axis, vec_axis = (3, 1) if tile.over_channels else (1, 3)
-        plan = TilePlan(reg_axis=reg_axis, reg_factor=tile.reg_factor, vec_axis=vec_axis, vec_factor=tile.vec_factor,
-                        n_spatial=4, n_reduction=3)
         grouped = _is_grouped(sch, name)
+        operands = None if grouped else operand_bytes(sch, name)
+        bands = 1 if operands is None else conv_row_bands(batch=extents[0], out_rows=extents[2],
+                                                          input_bytes=operands[0], weight_bytes=operands[1],
+                                                          cores=num_cores(target))
+        plan = TilePlan(reg_axis=reg_axis, reg_factor=tile.reg_factor, vec_axis=vec_axis, vec_factor=tile.vec_factor,
+                        n_spatial=4, n_reduction=3, row_bands=bands)
         conv = sch.get_sblock(name)
         schedule_contraction(sch, name, plan, target)
         if grouped:
             _pad_per_channel_tile(sch, conv)
         return sch
+
+
+def operand_bytes(sch: s_tir.Schedule, name: str) -> tuple[int, int] | None:
+    """(bytes of one sample of the input as the conv block reads it, bytes of its weights), or None when the
+    multiply does not read two buffers directly. The input is the operand indexed by the batch; padded convs read
+    the pad stage's output."""
+    block = sch.get(sch.get_sblock(name))
+    product = block.body.value.b
+    if not isinstance(product, tirx.Mul):
+        return None
+    loads = [op for op in (product.a, product.b) if isinstance(op, tvm.ir.TensorLoad)]
+    batch = block.iter_vars[0].var
+    data = [load for load in loads if load.indices and load.indices[0].same_as(batch)]
+    weights = [load for load in loads if not (load.indices and load.indices[0].same_as(batch))]
+    if len(loads) != 2 or len(data) != 1 or len(weights) != 1:
+        return None
+
+    def size(load: tvm.ir.TensorLoad, skip: int) -> int | None:
+        dims = [int(d) if isinstance(d, tirx.IntImm) else None for d in load.source.shape[skip:]]
+        if any(d is None for d in dims):
+            return None
+        return math.prod(dims) * tvm.DataType(load.source.dtype).bits // 8
+
+    sizes = size(data[0], 1), size(weights[0], 0)
+    return None if None in sizes else (int(sizes[0]), int(sizes[1]))
 
 
 def _is_grouped(sch: s_tir.Schedule, name: str) -> bool:

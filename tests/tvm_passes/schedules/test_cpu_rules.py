@@ -95,6 +95,8 @@ CONV_CASES = [
     pytest.param(32, 64, 14, 1, 2, 1, id="1x1-stride2"),
     pytest.param(16, 16, 41, 1, 1, 1, id="1x1-width41-tail-prepacked"),
     pytest.param(8, 24, 41, 3, 1, 1, id="3x3-width41-half-register-channels"),
+    pytest.param(8, 16, 63, 3, 2, 1, id="3x3-stride2-row-bands"),
+    pytest.param(8, 16, 29, 3, 1, 1, id="3x3-row-bands-ragged"),
     pytest.param(20, 20, 15, 3, 2, 20, id="depthwise-stride2"),
     pytest.param(16, 24, 11, 3, 1, 4, id="grouped"),
 ]
@@ -116,6 +118,26 @@ def test_conv2d_rule_matches_numpy(target, cin, cout, size, kernel, stride, grou
     _assert_rule(funcs, "conv2d_nchw")
     got = _run(mod, target, [x])
     np.testing.assert_allclose(got, _conv_ref(x, w, b, stride, pad, groups), rtol=TOL, atol=TOL)
+
+
+def _parallel_loops(func):
+    return re.findall(r"for (\w+) in T\.parallel\(", func.script())
+
+
+@pytest.mark.parametrize("batch, banded", [(1, True), (2, False)])
+def test_batch_1_convs_whose_input_outweighs_their_weights_split_rows_across_cores(target, batch, banded):
+    """On several cores a batch-1 conv whose input outweighs its weights runs in bands of output rows, outermost,
+    so each core reads its own rows (tile_plan.conv_row_bands); from one sample per core up, each core gets whole
+    samples, and weight-bound convs keep splitting output channels."""
+    light = RNG.randn(32, 64, 1, 1).astype("float32")       # 8 KB of weights, 800 KB of input
+    heavy = RNG.randn(256, 64, 3, 3).astype("float32")      # 590 KB of weights, 21 KB of (padded) input
+    for weights, size, bands_expected in ((light, 56, banded), (heavy, 7, False)):
+        mod = _module([("x", (batch, 64, size, size), "float32")],
+                      lambda x, w=weights: relax.op.nn.conv2d(x, relax.const(w), padding=w.shape[2] // 2))
+        (conv,) = [f for f in _scheduled_funcs(mod, target).values()
+                   if f.attrs.get("hetpart.cpu_rule") == "conv2d_nchw"]
+        loops = _parallel_loops(conv)
+        assert loops and loops[-1].startswith("nn_yy_0") is bands_expected, (size, loops)
 
 
 def test_a_zero_width_pad_is_read_in_place_not_copied(target):
