@@ -163,15 +163,19 @@ def test_calibrated_roofline_and_flops_constant_recover_their_own_laws():
 def test_model_level_floor_is_zero_when_models_compose_exactly_and_reports_the_gap_otherwise():
     # every model = sum of its kernels + 2 µs per kernel: the overhead term explains it (up to the few kernels
     # two models share with different noisy labels)
+    # Caches given, not this host's: with a last-level cache smaller than these models' weights (32 MiB on a Zen 4
+    # host) the skewed model teaches the cold-weight term to add 44% to another model, which is the fit working as
+    # designed but not what this test is about.
     data = _dataset()
     records = {k: ModelRecord(tuple(v[0]), tuple(v[1]), v[2], v[3]) for k, v in data.items()}
-    exact = model_level_floor(records, {n: n for n in records})
+    caches = {"cache_bytes": 512 * 2 ** 20, "core_cache": 4 * 2 ** 20}
+    exact = model_level_floor(records, {n: n for n in records}, **caches)
     assert exact["mape"] < 2e-3 and set(exact["signed_error_per_model"]) == set(records)
     skewed = dict(records)
     name = sorted(records)[0]
     rec = records[name]
     skewed[name] = ModelRecord(rec.nodes, rec.kernel_latencies_us, rec.model_latency_us * 1.3, rec.family)
-    gap = model_level_floor(skewed, {n: n for n in skewed})
+    gap = model_level_floor(skewed, {n: n for n in skewed}, **caches)
     assert gap["signed_error_per_model"][name] == pytest.approx(1 / 1.3 - 1, abs=0.02)
     assert gap["max_ape"] == pytest.approx(1 - 1 / 1.3, abs=0.02)
 
