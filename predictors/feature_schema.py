@@ -122,6 +122,21 @@ KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
 # 64.9% -> 67.7% within ±10% (profiles_session14a), 8.6% -> 7.6% and 68.6% -> 70.2% (profiles_session14b); whole
 # models 7.00% -> 6.96% and 7.75% -> 7.38%. (Without the batch probes, profiles_session13b: 11.0% -> 10.7%
 # on kernels, whole models 7.6% -> 8.2%.)
+# The carry-over is not exact at batch 1. There the CPU rule gives each core half the output channels, and at batch 2
+# or more it gives each core whole samples (tvm_passes/schedules/contraction.py parallelises the outer loops in
+# order). Measured on the Intel host (session 17), batch 1 against batch 2 per sample: 3x3 stride-2 convs 1.23-1.57x
+# slower (ResNet-50's 128->128 at 56 px: 1232 vs 799 µs), 64->64 3x3 at 56 px 1.37x slower, most others within 5%.
+# That is the largest class of leave-one-model-out misses left on profiles_session15c: ResNet's batch-1 stride-2
+# convs were predicted at their batch-2/8 probes' rate, 16-35% low. Tried on 15c (kernels >= 100 µs MAPE / within
+# ±10%, whole-model MAPE; baseline 6.1% / 85.9%, 7.00%), none adopted:
+# - the batch back in the residual distance, scaled by 0.3 / 0.6 / 1.0: 6.1 / 85.1, 7.06; 6.4 / 82.9, 7.40;
+#   6.9 / 81.6, 7.40. The probes are still the best evidence for most batch-1 kernels.
+# - a batch < cores indicator as a conv2d feature, out of / in the residual distance: 6.1 / 85.5, 7.12;
+#   7.2 / 81.9, 7.05 (ridge learns the step only partly: 1.09x where 1.57x was measured).
+# - a batch-1 conv2d specialist like gemv (fitted on batch-1 kernels, the general model on all): 6.6 / 83.7, 7.85;
+#   with batch-1 kernels left out of the general model: 7.1 / 81.4, 7.81.
+# - a conv's residual-add operand bytes moved out of bytes_per_sample into their own feature: 6.3 / 82.9, 7.44.
+#   Dropped altogether: 6.0 / 84.7, 7.25. ResNet-50's 1x1 convs with a residual add are predicted 13-38% high.
 RESIDUAL_EXCLUDED: dict[str, tuple[str, ...]] = {"depthwise_conv2d": ("flops", "bytes_total"),
                                                  "conv2d": ("batch",)}
 # The per-device fallback model for kinds without a fitted model uses only these, as a power law (degree 1:
