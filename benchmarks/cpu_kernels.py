@@ -127,6 +127,15 @@ def bench_model(name: str, args) -> dict:
         unpadded = import_model(path, pad_columns=False)
         variants["rules_unpadded"] = TvmVariant("rules_unpadded", unpadded.mod, target, cpu_pipeline(target), feeds,
                                                 [p.name for p in unpadded.mod["main"].params])
+    if args.compare_row_bands:
+        # Rules v9's batch-1 convs: every conv splits output channels across the cores, none runs in row bands.
+        from unittest import mock
+
+        from tvm_passes import tile_plan
+
+        with mock.patch.object(tile_plan, "CONV_BAND_MIN_INPUT_TO_WEIGHTS", float("inf")):
+            variants["rules_no_bands"] = TvmVariant("rules_no_bands", imported.mod, target, cpu_pipeline(target),
+                                                    feeds, param_order)
     if name == "resnet18" and args.compare_generic_target:
         generic = tvm.target.Target({"kind": "llvm", "num-cores": int(target.attrs["num-cores"])})
         variants["rules_generic_llvm"] = TvmVariant(
@@ -184,6 +193,8 @@ def bench_model(name: str, args) -> dict:
         row[f"{vname}_rounds"] = len(samples)
     if "tvm_default_ms" in row:
         row["speedup_rules_vs_default"] = row["tvm_default_ms"] / row["rules_ms"]
+    if "rules_no_bands_ms" in row:
+        row["speedup_row_bands"] = row["rules_no_bands_ms"] / row["rules_ms"]
     if "rules_unpadded_ms" in row:
         row["speedup_padded_columns"] = row["rules_unpadded_ms"] / row["rules_ms"]
     log.info("%s: %s", name, {k: v for k, v in row.items() if k.endswith(("_ms", "_ratio_to_ort"))})
@@ -232,6 +243,14 @@ def _markdown(rows: list[dict], meta: dict) -> str:
         for row in padded:
             lines.append(f"| {row['model']} | {row['rules_ms']:.2f} | {row['rules_unpadded_ms']:.2f} | "
                          f"{row['speedup_padded_columns']:.2f}x | {'; '.join(row['import_notes'])} |")
+    banded = [r for r in rows if "rules_no_bands_ms" in r]
+    if banded:
+        lines += ["", "Row bands for batch-1 convs (rules v10, `tile_plan.conv_row_bands`; same rounds, the other "
+                  "side compiled with no conv banded):", "",
+                  "| model | bands ms | no bands ms | bands / no bands | max abs diff (no bands) |", "|---|---|---|---|---|"]
+        for row in banded:
+            lines.append(f"| {row['model']} | {row['rules_ms']:.2f} | {row['rules_no_bands_ms']:.2f} | "
+                         f"{1 / row['speedup_row_bands']:.3f}x | {row['rules_no_bands_max_abs_diff']:.1e} |")
     for row in rows:
         if "tuning" in row:
             tuning = row["tuning"]
@@ -258,6 +277,8 @@ def main() -> None:
     parser.add_argument("--compare-generic-target", action="store_true", default=True)
     parser.add_argument("--compare-unpadded", action=argparse.BooleanOptionalAction, default=True,
                         help="also time models whose matmul columns the frontend padded without the padding")
+    parser.add_argument("--compare-row-bands", action="store_true",
+                        help="also time every model compiled without row bands for batch-1 convs (rules v9)")
     parser.add_argument("--out", default=str(RESULTS / "cpu_kernels"))
     parser.add_argument("--render-only", action="store_true", help="rewrite the .md from the existing .json")
     args = parser.parse_args()
