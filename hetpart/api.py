@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 
 from hetpart.errors import ModelLoadError
 from hetpart.graph import OpGraph
+from hetpart.paths import cache_root
 from hetpart.threads import ensure_tvm_threads
 
 log = logging.getLogger(__name__)
@@ -22,7 +23,7 @@ ModelArg = Any  # str | Path | torch.nn.Module
 
 def cache_dir() -> Path:
     """Where built models and intermediate files go (outside the repo): $HETPART_CACHE_DIR or ~/.cache/hetpart."""
-    path = Path(os.environ.get("HETPART_CACHE_DIR", Path.home() / ".cache" / "hetpart"))
+    path = cache_root()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

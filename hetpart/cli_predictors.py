@@ -5,18 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from hetpart.errors import PredictorError
+from hetpart.paths import cache_root
 
 log = logging.getLogger("hetpart")
 
 
 def default_db() -> Path:
     """~/.cache/hetpart/profiles.sqlite (or under $HETPART_CACHE_DIR)."""
-    return Path(os.environ.get("HETPART_CACHE_DIR", Path.home() / ".cache" / "hetpart")) / "profiles.sqlite"
+    return cache_root() / "profiles.sqlite"
 
 
 def _progress_logger(every: int = 10):

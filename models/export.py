@@ -30,6 +30,7 @@ from pathlib import Path
 import onnx
 
 from hetpart.errors import ModelLoadError
+from hetpart.paths import cache_root
 
 from .zoo import build_torch, check_shape_args, get_info
 
@@ -41,15 +42,13 @@ IR_VERSION = 10
 WEIGHT_MODES = ("random", "inputs")
 PARAM_INPUT_PREFIX = "param:"
 PARAM_INPUTS_KEY = "hetpart.param_inputs"
-CACHE_ENV_VAR = "HETPART_CACHE_DIR"
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                 onnx.TensorProto.BFLOAT16)
 
 
 def default_cache_dir() -> Path:
     """``$HETPART_CACHE_DIR/models`` when that variable is set, else ``~/.cache/hetpart/models``."""
-    root = os.environ.get(CACHE_ENV_VAR)
-    return (Path(root) if root else Path.home() / ".cache" / "hetpart") / "models"
+    return cache_root() / "models"
 
 
 def cache_key(name: str, batch: int, size: int, weights: str) -> str:
