@@ -1,13 +1,15 @@
-"""How far off a CPU predictor is on kernels and models measured on another CPU.
+"""How far off a CPU predictor is on kernels and models measured on another CPU, and how much host scaling helps.
 
     python benchmarks/predictor_transfer.py --db DB --predictor predictors/data/cpu_default.json [--out DIR]
 
 Predicts every kernel and whole model stored in the profile database ``DB`` (measured on this host) with the
 predictor JSON (fitted on whatever CPU its provenance names) and writes ``predictor_transfer.json`` + ``.md``: the
-ratio measured / predicted per kernel and per model, for the predictor as fitted and scaled by the canary ratio
-(:mod:`predictors.canary_scaling`, what ``hetpart compile`` does on a CPU without its own predictor). This is why
-hetpart ships one predictor per CPU core type and warns when the host's CPU is not the one a predictor was measured
-on.
+ratio measured / predicted per kernel and per model, for the predictor as fitted; scaled by the calibration suite
+timed on this host now (:mod:`predictors.host_calibration`, what ``hetpart compile`` does on a CPU without its own
+predictor; only when this host's CPU is the database's); and scaled by the ratio of the profiler's canary kernels
+(the database's over the predictor's: what ``hetpart compile`` did before session 17, kept for comparison). This is
+why hetpart ships one predictor per CPU core type and warns when the host's CPU is not the one a predictor was
+measured on.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hetpart.compiler import host_cpu_name  # noqa: E402
 from hetpart.errors import ExtrapolationWarning  # noqa: E402
-from predictors.canary_scaling import CanaryScaledPredictor  # noqa: E402
 from predictors.device_predictor import DevicePredictor  # noqa: E402
+from predictors.host_calibration import HostScaledPredictor, measure_suite, scale_by_suite  # noqa: E402
 from predictors.training import load_training_data  # noqa: E402
 
 logger = logging.getLogger("benchmarks.predictor_transfer")
@@ -59,17 +61,29 @@ def transfer_metrics(data, predictor) -> dict:
             "per_model": models}
 
 
-def transfer_report(db: Path, predictor_path: Path) -> dict:
-    """The predictor as fitted, and scaled by the canary ratio (the canary of ``db``'s rows, measured on the host
-    that measured the kernels, over the predictor's own): what ``hetpart compile`` does on a foreign CPU."""
+def transfer_report(db: Path, predictor_path: Path, suite: bool = True) -> dict:
+    """The predictor as fitted, scaled by the calibration suite timed here (``suite`` and this host's CPU is the
+    one that measured ``db``), and scaled by the canary ratio (``db``'s canary over the predictor's)."""
     data = load_training_data(db)
     predictor = DevicePredictor.load(predictor_path)
-    scaled = CanaryScaledPredictor(predictor, data.reference_canary_us, json.loads(data.target).get("mcpu", ""),
-                                   data.num_threads)
-    return {"profile_db": str(db), "measured_on": json.loads(data.target).get("mcpu"), "host": host_cpu_name(),
-            "predictor": str(predictor_path), "fitted_on": predictor.target.get("mcpu"),
-            "canary_scaling": scaled.scaling,
-            "unscaled": transfer_metrics(data, predictor), "canary_scaled": transfer_metrics(data, scaled)}
+    measured_on = json.loads(data.target).get("mcpu", "")
+    report = {"profile_db": str(db), "measured_on": measured_on, "host": host_cpu_name(),
+              "predictor": str(predictor_path), "fitted_on": predictor.target.get("mcpu"),
+              "unscaled": transfer_metrics(data, predictor)}
+    predictor_canary = (predictor.fit_info.get("training") or {}).get("canary_reference_us")
+    if predictor_canary:
+        canary = HostScaledPredictor(predictor, data.reference_canary_us / predictor_canary, {
+            "method": "canary", "host_cpu": measured_on, "host_threads": data.num_threads,
+            "host_canary_us": data.reference_canary_us, "predictor_canary_us": predictor_canary})
+        report["canary_scaling"], report["canary_scaled"] = canary.scaling, transfer_metrics(data, canary)
+    if suite and report["host"] == measured_on:
+        scaled = scale_by_suite(predictor, measure_suite(measured_on, data.num_threads), measured_on,
+                                data.num_threads)
+        report["suite_scaling"], report["suite_scaled"] = scaled.scaling, transfer_metrics(data, scaled)
+    elif suite:
+        logger.warning("not timing the calibration suite: this host is a %s, the database was measured on a %s",
+                       report["host"], measured_on)
+    return report
 
 
 def _summary(r: dict) -> list[str]:
@@ -82,21 +96,29 @@ def _summary(r: dict) -> list[str]:
 
 
 def render_markdown(r: dict, command: str) -> str:
-    c = r["canary_scaling"]
     lines = [f"# CPU predictor on another CPU: fitted on {r['fitted_on']}, measured on {r['measured_on']}", "",
-             f"Produced by `{command}`.", "",
-             f"Canary (256³ float32 matmul, {c['host_threads']} threads): {c['predictor_canary_us']:.1f} µs on "
-             f"{r['fitted_on']}, {c['host_canary_us']:.1f} µs on {r['measured_on']} -> speed ratio "
-             f"{c['speed_ratio']:.2f}.", "",
-             "- as fitted:", *_summary(r["unscaled"]),
-             f"- scaled by the canary ratio (what `hetpart compile` does on a CPU without its own predictor):",
-             *_summary(r["canary_scaled"]), "",
-             "| model | measured µs | predicted µs | measured / predicted | scaled: predicted µs | scaled: m / p |",
-             "|---|---|---|---|---|---|"]
+             f"Produced by `{command}`.", "", "- as fitted:", *_summary(r["unscaled"])]
+    variants = [("unscaled", "as fitted")]
+    if "suite_scaled" in r:
+        s = r["suite_scaling"]
+        lines += [f"- scaled x{s['speed_ratio']:.2f} by the calibration suite timed on this {s['host_cpu']} host "
+                  f"({s['n_kernels']} kernels, {s['host_threads']} threads; measured / predicted x"
+                  f"{s['kernel_ratio_min']:.2f} to x{s['kernel_ratio_max']:.2f} per kernel): what `hetpart compile` "
+                  "does on a CPU without its own predictor:", *_summary(r["suite_scaled"])]
+        variants.append(("suite_scaled", "suite-scaled"))
+    if "canary_scaled" in r:
+        c = r["canary_scaling"]
+        lines += [f"- scaled x{c['speed_ratio']:.2f} by the canary ratio (256³ float32 matmul, {c['host_threads']} "
+                  f"threads: {c['predictor_canary_us']:.1f} µs on {r['fitted_on']}, {c['host_canary_us']:.1f} µs on "
+                  f"{r['measured_on']}; what `hetpart compile` did before session 17):", *_summary(r["canary_scaled"])]
+        variants.append(("canary_scaled", "canary-scaled"))
+    lines += ["", "| model | measured µs | " + " | ".join(f"{label}: predicted µs | {label}: m / p"
+                                                      for _, label in variants) + " |",
+              "|---|---|" + "---|---|" * len(variants)]
     for name, v in r["unscaled"]["per_model"].items():
-        s = r["canary_scaled"]["per_model"][name]
-        lines.append(f"| {name} | {v['measured_us']:,.0f} | {v['predicted_us']:,.0f} | "
-                     f"{v['measured_over_predicted']:.2f} | {s['predicted_us']:,.0f} | {s['measured_over_predicted']:.2f} |")
+        cells = [f"{r[key]['per_model'][name]['predicted_us']:,.0f} | "
+                 f"{r[key]['per_model'][name]['measured_over_predicted']:.2f}" for key, _ in variants]
+        lines.append(f"| {name} | {v['measured_us']:,.0f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -106,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--predictor", type=Path, required=True, help="predictor JSON fitted on another CPU")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--name", default="predictor_transfer", help="output file stem (default: %(default)s)")
+    parser.add_argument("--no-suite", action="store_true", help="do not time the calibration suite on this host")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    report = transfer_report(args.db, args.predictor)
+    report = transfer_report(args.db, args.predictor, suite=not args.no_suite)
     command = "python benchmarks/predictor_transfer.py " + " ".join(sys.argv[1:] if argv is None else argv)
     report["command"] = command
     args.out.mkdir(parents=True, exist_ok=True)

@@ -80,8 +80,9 @@ def default_cpu_predictor_path(cpu_name: str | None = None) -> Path:
     """The predictor fitted for this host's CPU (``cpu_<mcpu>.json``) if there is one, else ``cpu_default.json``.
 
     One machine kind is not one CPU here: the same 2-core VMs ran on AMD Zen 5 (znver5), Zen 4 (znver4) and Intel
-    (rocketlake) cores, where the canary kernel takes 70, 152 and 105 µs, so a predictor is only valid on the CPU
-    it was measured on (:func:`load_cpu_predictor` scales one from another CPU by the canary)."""
+    (rocketlake) cores, where the profiler's canary kernel takes 70, 147-152 and 105 µs and other kernels differ by
+    other factors, so a predictor is only valid on the CPU it was measured on (:func:`load_cpu_predictor` scales one
+    from another CPU by a calibration suite timed on the host)."""
     cpu_name = cpu_name if cpu_name is not None else host_cpu_name()
     matched = cpu_predictor_path_for(cpu_name)
     return matched if matched.exists() else Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
@@ -116,16 +117,16 @@ def stale_rules_note(predictor: Any) -> str | None:
 
 def cpu_cost_note(predictor: Any, path: Path) -> str:
     """One line for the report: which predictor gave the CPU costs, the CPU it was measured on and, when it was
-    scaled to this host by the canary (:mod:`predictors.canary_scaling`), by how much."""
+    scaled to this host by the calibration suite (:mod:`predictors.host_calibration`), by how much."""
     fitted = predictor.fit_info.get("fit_date", "at an unrecorded date")
     note = (f"CPU costs: {path.name}, measured on a {predictor.target.get('mcpu', 'unrecorded')} CPU with "
             f"{predictor.num_threads or 'an unrecorded number of'} TVM thread(s), fitted {fitted}; this host's CPU: "
             f"{host_cpu_name()}")
     scaling = getattr(predictor, "scaling", None)
     if scaling:
-        note += (f"; scaled x{scaling['speed_ratio']:.2f} to this host by the canary kernel "
-                 f"({scaling['host_canary_us']:.1f} µs here with {scaling['host_threads']} thread(s), "
-                 f"{scaling['predictor_canary_us']:.1f} µs where it was measured)")
+        note += (f"; scaled x{scaling['speed_ratio']:.2f} to this host: the geometric mean of measured / predicted "
+                 f"over {scaling['n_kernels']} calibration kernels timed here with {scaling['host_threads']} "
+                 f"thread(s) (x{scaling['kernel_ratio_min']:.2f} to x{scaling['kernel_ratio_max']:.2f} per kernel)")
     stale = stale_rules_note(predictor)
     if stale:
         note += f"; {stale}"
@@ -137,10 +138,10 @@ def load_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = 
     (:func:`default_cpu_predictor_path`).
 
     When it was measured on another CPU or with another TVM thread count, this warns and -- unless
-    ``scale_to_host=False`` -- times the canary kernel here and scales every prediction by the speed ratio
-    (:class:`predictors.canary_scaling.CanaryScaledPredictor`; about a second, once per process)."""
-    from predictors.canary_scaling import predictor_canary_us, scale_to_host as scale
+    ``scale_to_host=False`` -- times a calibration suite here and scales every prediction by the host's speed
+    ratio (:class:`predictors.host_calibration.HostScaledPredictor`; ~5 s the first time on a host, then cached)."""
     from predictors.device_predictor import DevicePredictor
+    from predictors.host_calibration import scale_to_host as scale
 
     path = resolve_cpu_predictor_path(path)
     if not path.exists():
@@ -152,12 +153,12 @@ def load_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = 
     foreign_cpu = bool(fitted_on) and fitted_on != host
     foreign_threads = bool(predictor.num_threads) and predictor.num_threads != threads
     result = predictor
-    if scale_to_host and (foreign_cpu or foreign_threads) and predictor_canary_us(predictor) is not None:
+    if scale_to_host and (foreign_cpu or foreign_threads):
         try:
             result = scale(predictor, host, threads)
         except PredictorError as exc:       # e.g. TVM's pool already runs another thread count than deployments
             log.warning("cannot scale the CPU predictor to this host: %s", exc)
-    remedy = (f"scaled x{result.speed_ratio:.2f} by the canary kernel's speed ratio, a first-order correction "
+    remedy = (f"scaled x{result.speed_ratio:.2f} by a calibration suite timed here, a first-order correction "
               "(benchmarks/results/predictor_transfer*.md)" if result is not predictor else "not scaled")
     if foreign_cpu:
         log.warning("the CPU predictor %s was measured on a %s CPU; this host is a %s: its CPU costs are %s. "

@@ -56,7 +56,8 @@ def test_thread_count_survives_json_and_a_mismatched_deployment_is_warned(fitted
     assert not caplog.records
     monkeypatch.setenv("TVM_NUM_THREADS", "1")
     with caplog.at_level("WARNING", logger="hetpart.compiler"):
-        load_cpu_predictor(tmp_path / "cpu.json")
+        # not scaled: the host calibration would start TVM's thread pool with 1 thread for the rest of this process
+        load_cpu_predictor(tmp_path / "cpu.json", scale_to_host=False)
     assert "timed with 2 TVM thread(s); this deployment runs 1" in caplog.text
 
 
@@ -244,9 +245,9 @@ def test_shipped_cpu_predictor_loads_with_this_feature_schema():
 
 
 def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features(fitted_predictor, tmp_path):
-    """Schema 7 added the batch to conv2d's features; schema-6 files (the shipped Zen predictors, whose databases
-    are gone) keep predicting with the 9 conv features they were fitted on, and stay schema 6 when saved again."""
-    from hetpart.compiler import cpu_predictor_path_for
+    """Schema 7 added the batch to conv2d's features; schema-6 files (the shipped Zen 5 predictor, whose database
+    is gone) keep predicting with the 9 conv features they were fitted on, and stay schema 6 when saved again."""
+    from hetpart.compiler import DEFAULT_CPU_PREDICTOR, cpu_predictor_path_for
     from tests.predictors.synthetic_kernels import conv_node
 
     assert KIND_FEATURES["conv2d"][-1] == "batch" and "batch" not in KIND_FEATURES_BY_SCHEMA[6]["conv2d"]
@@ -256,7 +257,7 @@ def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features
     fresh = fitted_predictor[0]
     assert fresh.provenance()["feature_schema_version"] == FEATURE_SCHEMA_VERSION
     assert "batch" in fresh.provenance()["training_ranges"]["conv2d"]
-    old = DevicePredictor.load(cpu_predictor_path_for("znver4"))
+    old = DevicePredictor.load(cpu_predictor_path_for("znver4").with_name(DEFAULT_CPU_PREDICTOR))
     assert old.feature_schema_version == 6 and "batch" not in old.provenance()["training_ranges"]["conv2d"]
     nodes = [conv_node(0, batch, 64, 64, 56, 3) for batch in (1, 4)]
     with warnings.catch_warnings():
