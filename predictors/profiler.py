@@ -180,11 +180,19 @@ class KernelProfiler:
         probe = [float(s) for s in self.timer(kernel, 1, p.probe_runs)]
         per_call_us = max(min(probe) * 1e6, 1e-3)
         number = int(min(p.max_number, max(1, math.ceil(p.min_repeat_us / per_call_us))))
-        attempts = []
-        for _ in range(p.max_attempts):
-            samples = tuple(float(s) * 1e6 for s in self.timer(kernel, number, p.repeat))
-            attempts.append(TimingStats(samples, number))
-            if attempts[-1].spread <= p.remeasure_spread:
+        attempts: list[TimingStats] = []
+        rescaled = False
+        while len(attempts) < p.max_attempts:
+            stats = TimingStats(tuple(float(s) * 1e6 for s in self.timer(kernel, number, p.repeat)), number)
+            if not rescaled and number < p.max_number and stats.median_us * number < p.min_repeat_us / 4:
+                # The probe ran slow (a thread pool waking up, a preempted call: a 10 µs kernel probed at 200 µs
+                # on a busy host), so these repeats last a fraction of min_repeat_us, too short to time
+                # reliably. Once, time again with the calls per repeat the kernel's real speed needs.
+                number = int(min(p.max_number, math.ceil(p.min_repeat_us / max(stats.median_us, 1e-3))))
+                rescaled = True
+                continue
+            attempts.append(stats)
+            if stats.spread <= p.remeasure_spread:
                 break
         self._last_timed_s = time.monotonic()
         return attempts

@@ -255,6 +255,20 @@ def test_slow_kernels_run_once_per_repeat_and_failures_are_recorded(by_kind):
     assert m.status == "failed" and "device lost" in m.error and m.median_us is None
 
 
+def test_a_probe_that_ran_slow_is_corrected_by_the_first_attempt(by_kind):
+    """A tiny kernel probed while the pool woke up (500 µs a call) runs its first repeats at 10 µs: one repeat
+    would then last 10 µs instead of min_repeat_us, so it is timed again with 20 calls per repeat, once."""
+    tiny = [9.6, 9.8, 10.0, 10.2, 10.4]
+    timer = ScriptedTimer(probe_us=500.0, attempts_us=[tiny, tiny, tiny])
+    m = KernelProfiler(protocol=FAST, timer=timer, canary_size=32).measure(by_kind["sum"])
+    assert m.status == "ok" and m.number == 20 and m.median_us == pytest.approx(10.0)
+    assert timer.numbers == [1, 20]              # the short attempt was dropped, not averaged in
+    faster = [0.9, 0.95, 1.0, 1.05, 1.1]         # spread 5 %, and fast enough to ask for 200 calls
+    noisy = ScriptedTimer(probe_us=500.0, attempts_us=[tiny, SPREAD_6, faster, SPREAD_6])
+    m = KernelProfiler(protocol=FAST, timer=noisy, canary_size=32).measure(by_kind["sum"])
+    assert noisy.numbers == [1, 20, 20, 20]      # rescaled once only, then the usual three attempts
+
+
 def test_real_timer_on_tiny_kernels_and_batch_into_store(tmp_path, kernels, by_kind):
     profiler = KernelProfiler(protocol=FAST, canary_size=64)
     assert profiler.num_threads == num_threads() >= 1
