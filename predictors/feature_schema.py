@@ -137,6 +137,11 @@ KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
 #   with batch-1 kernels left out of the general model: 7.1 / 81.4, 7.81.
 # - a conv's residual-add operand bytes moved out of bytes_per_sample into their own feature: 6.3 / 82.9, 7.44.
 #   Dropped altogether: 6.0 / 84.7, 7.25. ResNet-50's 1x1 convs with a residual add are predicted 13-38% high.
+# Rules v10 then made the CPU rule split such batch-1 convs into bands of output rows (tile_plan.conv_row_bands).
+# The band count as a conv2d feature (mirroring the rule from the operand shapes and the target's cores) did not help
+# on the Zen 4 host's profiles_session17a, leave-one-model-out (kernels >= 100 µs MAPE / within ±10%, whole models;
+# baseline 4.13% / 88.6%, 5.23%): the count 4.60 / 86.9, 5.37; a banded-or-not indicator 4.79 / 86.9, 5.54; the
+# count left out of the residual distance 4.39 / 87.3, 5.32. Not adopted.
 RESIDUAL_EXCLUDED: dict[str, tuple[str, ...]] = {"depthwise_conv2d": ("flops", "bytes_total"),
                                                  "conv2d": ("batch",)}
 # The per-device fallback model for kinds without a fitted model uses only these, as a power law (degree 1:
