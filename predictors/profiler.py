@@ -86,6 +86,10 @@ class TimingProtocol:
     idle_warmup_after_s: float = 0.2
     idle_warmup_max_s: float = 0.3
 
+    def calls_per_repeat(self, per_call_us: float) -> int:
+        """Calls one repeat needs to last ``min_repeat_us`` for a kernel taking ``per_call_us`` (1..max_number)."""
+        return int(min(self.max_number, max(1, math.ceil(self.min_repeat_us / max(per_call_us, 1e-3)))))
+
 
 # (compiled kernel, number, repeat) -> per-call latency of each repeat, in seconds
 Timer = Callable[["CompiledKernel", int, int], Sequence[float]]
@@ -178,8 +182,7 @@ class KernelProfiler:
         """All attempts, following the protocol (re-measure while noisy, at most max_attempts)."""
         p = self.protocol
         probe = [float(s) for s in self.timer(kernel, 1, p.probe_runs)]
-        per_call_us = max(min(probe) * 1e6, 1e-3)
-        number = int(min(p.max_number, max(1, math.ceil(p.min_repeat_us / per_call_us))))
+        number = p.calls_per_repeat(min(probe) * 1e6)
         attempts: list[TimingStats] = []
         rescaled = False
         while len(attempts) < p.max_attempts:
@@ -188,8 +191,7 @@ class KernelProfiler:
                 # The probe ran slow (a thread pool waking up, a preempted call: a 10 µs kernel probed at 200 µs
                 # on a busy host), so these repeats last a fraction of min_repeat_us, too short to time
                 # reliably. Once, time again with the calls per repeat the kernel's real speed needs.
-                number = int(min(p.max_number, math.ceil(p.min_repeat_us / max(stats.median_us, 1e-3))))
-                rescaled = True
+                number, rescaled = p.calls_per_repeat(stats.median_us), True
                 continue
             attempts.append(stats)
             if stats.spread <= p.remeasure_spread:
