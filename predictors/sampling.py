@@ -4,7 +4,8 @@ Sources of workloads, in tiers (lower tiers are measured first):
 
 * tier 0 -- every distinct fused kernel of every zoo model at batch 1 and its default size (what users deploy);
 * tier 1 -- the zoo at other batch sizes / image sizes / sequence lengths (:data:`ZOO_VARIANTS`);
-* tier 2 -- synthetic single-kernel Relax modules (conv2d+bias+relu, depthwise conv+bias+clip, matmul+bias,
+* tier 2 -- synthetic single-kernel Relax modules (conv2d+bias+relu, conv2d+bias+residual+relu, depthwise
+  conv+bias+clip, matmul+bias,
   max-pool, add+relu, ``t`` sigmoid/tanh/erf gates of one input multiplied together as in RNN cells and GELU,
   layer norm) whose parameters are varied *around* the geometries seen in tiers 0 and 1: channels, spatial
   size, window, stride, groups, batch, rows/columns and chain length (:func:`synthetic_specs`), so the fitted
@@ -83,8 +84,9 @@ def zoo_variants(include_variants: bool = True, models: Sequence[str] | None = N
 # ---------------------------------------------------------------------------------------------- synthetic
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """A single-kernel workload: ``op`` in conv2d | depthwise_conv2d | matmul | max_pool2d | add_relu | gates |
-    layer_norm."""
+    """A single-kernel workload: ``op`` in conv2d | conv2d_residual | depthwise_conv2d | matmul | max_pool2d |
+    add_relu | gates | layer_norm (``conv2d_residual``: a conv2d whose epilogue also adds a residual input, as in
+    ResNet's blocks)."""
 
     op: str
     items: tuple[tuple[str, int], ...] = ()     # sorted (parameter, value) pairs; hashable
@@ -102,7 +104,8 @@ class SyntheticSpec:
         return "syn_" + self.op + "_" + "_".join(f"{k}{v}" for k, v in self.items)
 
     def validate(self) -> "SyntheticSpec":
-        need = {"conv2d": {"n", "ci", "co", "hw", "k", "stride"}, "depthwise_conv2d": {"n", "c", "hw", "k", "stride"},
+        conv = {"n", "ci", "co", "hw", "k", "stride"}
+        need = {"conv2d": conv, "conv2d_residual": conv, "depthwise_conv2d": {"n", "c", "hw", "k", "stride"},
                 "matmul": {"m", "k", "n"}, "max_pool2d": {"n", "c", "hw", "k", "stride"},
                 "add_relu": {"n", "c", "hw"}, "gates": {"m", "n", "t"}, "layer_norm": {"m", "n"}}
         if self.op not in need or set(self.params) != need[self.op]:
@@ -125,23 +128,30 @@ def build_synthetic_module(spec: SyntheticSpec, seed: int = 0) -> Any:
         return relax.const(rng.standard_normal(shape).astype("float32") * 0.1, "float32")
 
     bb = relax.BlockBuilder()
-    if spec.op in ("conv2d", "depthwise_conv2d", "max_pool2d", "add_relu"):
-        c_in = p["ci"] if spec.op == "conv2d" else p["c"]
+    dense_conv = spec.op in ("conv2d", "conv2d_residual")
+    params = []
+    if spec.op in ("conv2d", "conv2d_residual", "depthwise_conv2d", "max_pool2d", "add_relu"):
+        c_in = p["ci"] if dense_conv else p["c"]
         x = relax.Var("x", relax.TensorType([p["n"], c_in, p["hw"], p["hw"]], "float32"))
+        if spec.op == "conv2d_residual":     # the residual is an activation (a kernel input), not a constant
+            side = (p["hw"] - 1) // p["stride"] + 1           # padding k // 2 keeps odd windows centred
+            params = [relax.Var("residual", relax.TensorType([p["n"], p["co"], side, side], "float32"))]
     elif spec.op == "matmul":
         x = relax.Var("x", relax.TensorType([p["m"], p["k"]], "float32"))
     else:
         x = relax.Var("x", relax.TensorType([p["m"], p["n"]], "float32"))
-    with bb.function("main", [x]):
+    with bb.function("main", [x, *params]):
         with bb.dataflow():
-            if spec.op in ("conv2d", "depthwise_conv2d"):
-                groups = 1 if spec.op == "conv2d" else p["c"]
-                co = p["co"] if spec.op == "conv2d" else p["c"]
-                ci_per_group = p["ci"] if spec.op == "conv2d" else 1
+            if spec.op in ("conv2d", "conv2d_residual", "depthwise_conv2d"):
+                groups = 1 if dense_conv else p["c"]
+                co = p["co"] if dense_conv else p["c"]
+                ci_per_group = p["ci"] if dense_conv else 1
                 y = bb.emit(relax.op.nn.conv2d(x, const([co, ci_per_group, p["k"], p["k"]]), strides=p["stride"],
                                                padding=p["k"] // 2, groups=groups))
                 y = bb.emit(relax.op.add(y, const([1, co, 1, 1])))
-                y = bb.emit(relax.op.nn.relu(y) if spec.op == "conv2d" else relax.op.clip(y, 0.0, 6.0))
+                if params:
+                    y = bb.emit(relax.op.add(y, params[0]))
+                y = bb.emit(relax.op.nn.relu(y) if dense_conv else relax.op.clip(y, 0.0, 6.0))
             elif spec.op == "matmul":
                 y = bb.emit(relax.op.matmul(x, const([p["k"], p["n"]])))
                 y = bb.emit(relax.op.add(y, const([p["n"]])))
@@ -219,6 +229,49 @@ def batch_probe_specs(zoo_nodes: Iterable[OpNode]) -> set[SyntheticSpec]:
     return specs
 
 
+def _conv_base(f: dict[str, float]) -> dict[str, int]:
+    """A conv spec's parameters for a conv-anchored kernel's features (square window, input side from the output)."""
+    stride = int(f["stride"])
+    return dict(n=int(f["batch"]), ci=int(f["in_channels"]), co=int(f["out_channels"]),
+                hw=max(1, int(f["out_height"]) * stride), k=int(f["kernel_h"]), stride=stride)
+
+
+def _conv_variations(base: dict[str, int]) -> list[dict[str, int]]:
+    """One parameter of a conv spec changed at a time: channels in and out, input size, window, stride, batch."""
+    out = [{**base, "ci": ci} for ci in _near(base["ci"], (0.5, 0.75, 1.5))]
+    out += [{**base, "co": co} for co in _near(base["co"], (0.5, 0.75, 1.25, 1.5))]
+    out += [{**base, "hw": hw} for hw in _near(base["hw"], (0.5, 0.75, 1.5), minimum=4)]
+    out += [{**base, "k": 3 if base["k"] == 1 else 1}, {**base, "stride": 2 if base["stride"] == 1 else 1},
+            {**base, "n": 2 if base["n"] == 1 else 1}]
+    return out
+
+
+def has_residual_add(node: OpNode) -> bool:
+    """A conv-anchored kernel whose epilogue adds a second tensor after the bias (ResNet's and MobileNetV2's
+    residual connections: members conv2d, add, add[, relu])."""
+    from predictors.features import member_ops
+
+    ops = member_ops(node)
+    return len(ops) >= 3 and ops[0] == "nn.conv2d" and ops[1] == "add" and ops[2] == "add"
+
+
+# Variations of the zoo's convs with a residual add in their epilogue (ResNet, MobileNetV2), measured in addition
+# to the capped sample (:func:`residual_specs`). The capped sample's convs all end in bias + relu, so the residual's
+# bytes were seen only in zoo kernels, and the polynomial priced them like any other traffic: ResNet-50's 1x1 convs
+# with a residual add (64->256 at 56 px: 552 µs measured, 3% more than the same conv without it) were predicted 19-33%
+# high with ResNet-50 held out, while the conv streams the residual into each register tile as it finishes it.
+def residual_specs(zoo_nodes: Iterable[OpNode]) -> set[SyntheticSpec]:
+    """``conv2d_residual`` variations (:func:`_conv_variations`) of every zoo conv with a residual add, except those
+    whose geometry is a zoo kernel's own (a held-out model's kernel must not return as synthetic training data)."""
+    from predictors.features import feature_vector, kernel_kind
+
+    seeds = [feature_vector(node) for node in zoo_nodes if kernel_kind(node) == "conv2d" and has_residual_add(node)]
+    seeds = [f for f in seeds if f["kernel_h"] == f["kernel_w"] and f["groups"] == 1 and f["in_channels"] >= 1]
+    own = {tuple(sorted(_conv_base(f).items())) for f in seeds}
+    return {SyntheticSpec.of("conv2d_residual", **params) for f in seeds for params in _conv_variations(_conv_base(f))
+            if tuple(sorted(params.items())) not in own}
+
+
 def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 1200, seed: int = 0) -> list[SyntheticSpec]:
     """Variations around the zoo's conv / matmul / pool kernels, one parameter changed at a time.
 
@@ -241,17 +294,8 @@ def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 1200, seed: in
         n, hw_out = int(f["batch"]), int(f["out_height"])
         stride = int(f["stride"])
         if kind == "conv2d" and f["in_channels"] >= 1 and f["out_channels"] >= 1 and f["kernel_h"] == f["kernel_w"]:
-            base = dict(n=n, ci=int(f["in_channels"]), co=int(f["out_channels"]), hw=max(1, hw_out * stride),
-                        k=int(f["kernel_h"]), stride=stride)
-            for ci in _near(base["ci"], (0.5, 0.75, 1.5)):
-                add("conv2d", **{**base, "ci": ci})
-            for co in _near(base["co"], (0.5, 0.75, 1.25, 1.5)):
-                add("conv2d", **{**base, "co": co})
-            for hw in _near(base["hw"], (0.5, 0.75, 1.5), minimum=4):
-                add("conv2d", **{**base, "hw": hw})
-            add("conv2d", **{**base, "k": 3 if base["k"] == 1 else 1})
-            add("conv2d", **{**base, "stride": 2 if stride == 1 else 1})
-            add("conv2d", **{**base, "n": 2 if n == 1 else 1})
+            for params in _conv_variations(_conv_base(f)):
+                add("conv2d", **params)
         elif kind == "depthwise_conv2d" and f["out_channels"] >= 1:
             base = dict(n=n, c=int(f["out_channels"]), hw=max(1, hw_out * stride), k=max(1, int(f["kernel_h"])),
                         stride=stride)
@@ -292,8 +336,8 @@ def synthetic_specs(zoo_nodes: Iterable[OpNode], max_specs: int = 1200, seed: in
             n4, c4, h4, _ = node.output_shapes[0]
             for c in _near(int(c4), (0.5, 2.0)):
                 add("add_relu", n=int(n4), c=c, hw=int(h4))
-    return sorted(set(balanced_subsample(specs, max_specs, seed)) | batch_probe_specs(zoo_nodes),
-                  key=lambda spec: spec.name)
+    extra = batch_probe_specs(zoo_nodes) | residual_specs(zoo_nodes)
+    return sorted(set(balanced_subsample(specs, max_specs, seed)) | extra, key=lambda spec: spec.name)
 
 
 def balanced_subsample(specs: Iterable[SyntheticSpec], max_specs: int, seed: int = 0) -> list[SyntheticSpec]:

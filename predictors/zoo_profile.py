@@ -303,7 +303,7 @@ def current_synthetic_keys(models: ModelDatabase, device: str, target: str, tvm_
 
 def _spec_cost(spec: sampling.SyntheticSpec) -> float:
     p = spec.params
-    if spec.op == "conv2d":
+    if spec.op in ("conv2d", "conv2d_residual"):
         out = p["n"] * p["co"] * (p["hw"] // p["stride"]) ** 2
         flops, nbytes = 2.0 * out * p["ci"] * p["k"] ** 2, 4.0 * (out + p["n"] * p["ci"] * p["hw"] ** 2)
     elif spec.op in ("depthwise_conv2d", "max_pool2d"):

@@ -1,6 +1,8 @@
 """Workload sampling: zoo variants, synthetic variations, dedupe and budget ordering."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -85,6 +87,31 @@ def test_weight_heavy_convs_get_batch_probes_beyond_the_cap():
     assert capped == sorted(capped, key=lambda s: s.name)
 
 
+def residual_conv_node(i: int, n: int, ci: int, co: int, hw: int, k: int, stride: int = 1):
+    return dataclasses.replace(conv_node(i, n, ci, co, hw, k, stride), op="fused:nn.conv2d+add+add+nn.relu")
+
+
+def test_convs_with_a_residual_add_get_residual_variations_beyond_the_cap():
+    seeds = [residual_conv_node(0, 1, 64, 256, 56, 1),
+             residual_conv_node(1, 1, 64, 256, 28, 1),              # the 0.5x size variation of seed 0: a zoo kernel
+             conv_node(2, 1, 64, 64, 56, 3),                        # bias + relu only: no residual variations
+             dataclasses.replace(conv_node(3, 1, 32, 32, 56, 3), op="fused:nn.conv2d+add+nn.relu+add")]
+    assert [sampling.has_residual_add(node) for node in seeds] == [True, True, False, False]
+    residual = sampling.residual_specs(seeds)
+    assert residual and {s.op for s in residual} == {"conv2d_residual"}
+    base = dict(n=1, ci=64, co=256, hw=56, k=1, stride=1)
+    assert SyntheticSpec.of("conv2d_residual", **{**base, "co": 128}) in residual      # one parameter varied
+    assert SyntheticSpec.of("conv2d_residual", **{**base, "n": 2}) in residual
+    for spec in residual:
+        assert {spec.params["ci"], spec.params["co"]} & {64, 256}
+    # a variation that is another zoo kernel's geometry is left out: held-out kernels never return as training data
+    assert SyntheticSpec.of("conv2d_residual", **{**base, "hw": 28}) not in residual
+    assert SyntheticSpec.of("conv2d_residual", **base) not in residual
+    capped = sampling.synthetic_specs(seeds, max_specs=4)
+    assert residual <= set(capped) and len(capped) == 4 + len(residual)          # the cap holds for the rest
+    assert sampling.synthetic_specs(seeds, max_specs=4) == capped
+
+
 def test_balanced_subsample_shares_the_budget_equally_among_ops():
     convs = [SyntheticSpec.of("conv2d", n=1, ci=ci, co=64, hw=56, k=3, stride=1) for ci in range(1, 101)]
     matmuls = [SyntheticSpec.of("matmul", m=m, k=64, n=64) for m in range(1, 31)]
@@ -127,6 +154,7 @@ def test_synthetic_spec_rejects_wrong_parameters():
 @pytest.mark.tvm
 @pytest.mark.parametrize("spec, kind, shape", [
     (SyntheticSpec.of("conv2d", n=2, ci=16, co=32, hw=20, k=3, stride=2), "conv2d", (2, 32, 10, 10)),
+    (SyntheticSpec.of("conv2d_residual", n=1, ci=16, co=32, hw=19, k=3, stride=2), "conv2d", (1, 32, 10, 10)),
     (SyntheticSpec.of("depthwise_conv2d", n=1, c=24, hw=16, k=3, stride=1), "depthwise_conv2d", (1, 24, 16, 16)),
     (SyntheticSpec.of("matmul", m=8, k=64, n=40), "matmul", (8, 40)),
     (SyntheticSpec.of("max_pool2d", n=1, c=8, hw=16, k=3, stride=2), "pool", (1, 8, 8, 8)),
@@ -145,4 +173,5 @@ def test_synthetic_modules_extract_to_one_kernel_of_the_intended_kind(spec, kind
     assert node.param_bytes > 0 or spec.op in ("max_pool2d", "gates")    # weights are constants, like the zoo
     if spec.op == "gates":                                     # one fused kernel: 3 gates of the same input
         assert sampling.gate_op_count(node) == 3
+    assert sampling.has_residual_add(node) == (spec.op == "conv2d_residual")   # the residual is in the epilogue
     assert np.isfinite(node.flops)
