@@ -1,7 +1,8 @@
 """Slow spells of this host: how often, how long, and whether the profiler's canary sees them.
 
-Times the profiler's canary (a 256x256 matmul, L2-resident) and a few probe kernels of the kinds the predictors
-are fitted on, round robin, for ``--seconds``. Each timing is one ``time_evaluator`` call (3 repeats of >= 1 ms);
+Times the profiler's canary (a 256x256 matmul, L2-resident), a few probe kernels of the kinds the predictors
+are fitted on and any whole zoo models named by ``--models`` (e.g. mobilenetv2_b1_s112), round robin, for
+``--seconds``. Each timing is one ``time_evaluator`` call (3 repeats of >= 1 ms);
 each kernel is reported relative to its own timings over the run:
 
 * p10 / p90 relative to the median, and the share of timings > 1.2x the kernel's 10th percentile (its fast level;
@@ -12,7 +13,7 @@ each kernel is reported relative to its own timings over the run:
 * persistence: the chance a slow timing (> 1.2x) of the most affected probe is followed by another slow one, and the
   share of slow timings per 10-second block (spells last seconds, not milliseconds).
 
-    TVM_NUM_THREADS=2 python benchmarks/host_spells.py --seconds 150
+    TVM_NUM_THREADS=2 python benchmarks/host_spells.py --seconds 150 [--models mobilenetv2_b1_s112 ...]
 
 Writes benchmarks/results/host_spells.json and .md. Nothing else may run meanwhile: it measures the host.
 """
@@ -30,6 +31,7 @@ os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 from predictors import sampling  # noqa: E402
 from predictors.kernel_mapping import map_kernels  # noqa: E402
+from predictors.model_timing import compile_model, import_variant  # noqa: E402
 from predictors.profiler import KernelProfiler  # noqa: E402
 from predictors.workloads import canary_workload  # noqa: E402
 
@@ -48,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "host_spells")
+    parser.add_argument("--models", nargs="*", default=[], help="zoo variants (model_bB_sS) to time whole as well")
     args = parser.parse_args()
     profiler = KernelProfiler("cpu")
     kernels = {"canary_matmul_256": profiler.compile(canary_workload(256, profiler.tvm_target))}
@@ -56,6 +59,11 @@ def main() -> None:
         workloads = map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler).workloads
         main_kernel = [w for w in workloads if op.split("_")[0] in w.name] or list(workloads)
         kernels[name] = profiler.compile(main_kernel[0])
+    variants = {v.name: v for v in sampling.zoo_variants()}
+    for name in args.models:
+        if name not in variants:
+            parser.error(f"--models: unknown zoo variant {name!r}; known: {', '.join(sorted(variants))}")
+        kernels[f"model_{name}"] = compile_model(import_variant(variants[name]), profiler)
 
     def time_us(kernel, number: int) -> float:
         return float(np.median(kernel.vm.time_evaluator("timed_main", kernel.dev, number=number,
@@ -94,7 +102,7 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     lines = [f"# Host slow spells ({len(rows)} rounds in {args.seconds:.0f} s, {profiler.num_threads} threads)", "",
              "Command: `TVM_NUM_THREADS=2 python benchmarks/host_spells.py --seconds "
-             f"{args.seconds:.0f}`", "",
+             f"{args.seconds:.0f}" + (" --models " + " ".join(args.models) if args.models else "") + "`", "",
              "| kernel | median µs | p10 / median | p90 / median | share > 1.2x p10 | corr. with canary | "
              f"corr. with {worst} |", "|---|---|---|---|---|---|---|"]
     for name, k in report["kernels"].items():

@@ -81,13 +81,9 @@ def model_windows(profiler: KernelProfiler) -> int:
     return max(3, int(getattr(profiler, "windows", 1)))
 
 
-def measure_model(mod: Any, profiler: KernelProfiler, windows: int = 3) -> tuple[float, float, float, bool]:
-    """(median µs, spread, canary µs, clean) of the whole model compiled with the deployment pipeline.
-
-    Timed like a kernel: between two canaries, in ``windows`` separate windows; of the windows whose canaries
-    stayed within the profiler's contention tolerance, the one with the lowest median is kept (its canary is the
-    mean of the two around it). ``clean`` is False when every window was contended; the lowest is returned then.
-    """
+def compile_model(mod: Any, profiler: KernelProfiler) -> CompiledKernel:
+    """The whole model compiled with the profiler's deployment pipeline and target, on random inputs, ready to time
+    like a kernel (``workload`` None)."""
     import tvm
     from tvm import relax
 
@@ -96,8 +92,17 @@ def measure_model(mod: Any, profiler: KernelProfiler, windows: int = 3) -> tuple
     vm = relax.VirtualMachine(ex, profiler.dev)
     args = model_inputs(mod, profiler.dev)
     vm.save_function("main", "timed_main", *args)
-    compiled = CompiledKernel(workload=None, vm=vm, dev=profiler.dev, args=args,
-                              compile_s=time.perf_counter() - start)
+    return CompiledKernel(workload=None, vm=vm, dev=profiler.dev, args=args, compile_s=time.perf_counter() - start)
+
+
+def measure_model(mod: Any, profiler: KernelProfiler, windows: int = 3) -> tuple[float, float, float, bool]:
+    """(median µs, spread, canary µs, clean) of the whole model compiled with the deployment pipeline.
+
+    Timed like a kernel: between two canaries, in ``windows`` separate windows; of the windows whose canaries
+    stayed within the profiler's contention tolerance, the one with the lowest median is kept (its canary is the
+    mean of the two around it). ``clean`` is False when every window was contended; the lowest is returned then.
+    """
+    compiled = compile_model(mod, profiler)
     results, clean = [], []
     for _ in range(max(1, windows)):
         profiler.warm_up_after_idle()      # compiling the model left the thread pool idle for seconds
