@@ -313,7 +313,7 @@ def _spec_cost(spec: sampling.SyntheticSpec) -> float:
         flops, nbytes = 2.0 * p["m"] * p["n"] * p["k"], 4.0 * (p["m"] * p["k"] + p["k"] * p["n"] + p["m"] * p["n"])
     elif spec.op == "gates":
         flops, nbytes = 10.0 * p["t"] * p["m"] * p["n"], 8.0 * p["m"] * p["n"]
-    elif spec.op == "layer_norm":
+    elif spec.op in ("layer_norm", "softmax"):
         flops, nbytes = 8.0 * p["m"] * p["n"], 8.0 * p["m"] * p["n"]
     else:
         flops = nbytes = 12.0 * p["n"] * p["c"] * p["hw"] ** 2

@@ -112,6 +112,17 @@ def test_convs_with_a_residual_add_get_residual_variations_beyond_the_cap():
     assert sampling.synthetic_specs(seeds, max_specs=4) == capped
 
 
+def test_softmax_kernels_get_row_and_length_variations_but_never_their_own_shape():
+    seeds = [dataclasses.replace(elementwise_node(0, (1, 4, 128, 128)), op="relax.nn.softmax"),
+             dataclasses.replace(elementwise_node(1, (4, 4, 128, 128)), op="relax.nn.softmax"),
+             elementwise_node(2, (1, 4, 128, 128))]                          # not a softmax: no variations
+    specs = sampling.softmax_specs(seeds)
+    shapes = {(s.params["m"], s.params["n"]) for s in specs}
+    assert {(128, 128), (1024, 128), (512, 64), (512, 256)} <= shapes
+    assert (512, 128) not in shapes and (2048, 128) not in shapes          # the zoo's own shapes (512 x 2 = 2048)
+    assert specs <= set(sampling.synthetic_specs(seeds, max_specs=0))     # beyond the cap
+
+
 def test_balanced_subsample_shares_the_budget_equally_among_ops():
     convs = [SyntheticSpec.of("conv2d", n=1, ci=ci, co=64, hw=56, k=3, stride=1) for ci in range(1, 101)]
     matmuls = [SyntheticSpec.of("matmul", m=m, k=64, n=64) for m in range(1, 31)]
@@ -161,6 +172,7 @@ def test_synthetic_spec_rejects_wrong_parameters():
     (SyntheticSpec.of("add_relu", n=1, c=8, hw=8), "elementwise", (1, 8, 8, 8)),
     (SyntheticSpec.of("gates", m=4, n=650, t=3), "elementwise", (4, 650)),
     (SyntheticSpec.of("layer_norm", m=128, n=256), "reduction", (128, 256)),
+    (SyntheticSpec.of("softmax", m=512, n=64), "reduction", (512, 64)),
 ])
 def test_synthetic_modules_extract_to_one_kernel_of_the_intended_kind(spec, kind, shape):
     from tvm_passes.extract import extract_op_graph
@@ -170,7 +182,7 @@ def test_synthetic_modules_extract_to_one_kernel_of_the_intended_kind(spec, kind
     node = graph.nodes[0]
     assert kernel_kind(node) == kind
     assert tuple(node.output_shapes[0]) == shape
-    assert node.param_bytes > 0 or spec.op in ("max_pool2d", "gates")    # weights are constants, like the zoo
+    assert node.param_bytes > 0 or spec.op in ("max_pool2d", "gates", "softmax")   # weights are constants
     if spec.op == "gates":                                     # one fused kernel: 3 gates of the same input
         assert sampling.gate_op_count(node) == 3
     assert sampling.has_residual_add(node) == (spec.op == "conv2d_residual")   # the residual is in the epilogue
