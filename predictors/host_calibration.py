@@ -29,8 +29,9 @@ The Zen 5 predictor was fitted in session 10 on kernels of older CPU rules (it r
 of its error is not the CPU's. One ratio
 is still a first-order correction, not a model of the new CPU: the Intel predictor's batch-1 recurrent models stay
 1.6-1.7x high on Zen 4 after scaling (their 6.8 MB matrix-vector products stream at ~150 GB/s on Zen 4, at 50-63 GB/s
-on the Intel guest once they leave its L2), and its calibrated ratios span x0.41 to x1.24 per kernel. A predictor fitted on the host (``hetpart profile`` + ``hetpart fit``)
-is the real fix, and :func:`hetpart.compiler.load_cpu_predictor` only scales when there is none.
+on the Intel guest once they leave its L2), and its calibrated ratios span x0.41 to x1.24 per kernel. A predictor
+fitted on the host (``hetpart profile`` + ``hetpart fit``) is the real fix, and
+:func:`hetpart.compiler.load_cpu_predictor` only scales when there is none.
 """
 from __future__ import annotations
 

@@ -5,11 +5,11 @@ Sources of workloads, in tiers (lower tiers are measured first):
 * tier 0 -- every distinct fused kernel of every zoo model at batch 1 and its default size (what users deploy);
 * tier 1 -- the zoo at other batch sizes / image sizes / sequence lengths (:data:`ZOO_VARIANTS`);
 * tier 2 -- synthetic single-kernel Relax modules (conv2d+bias+relu, conv2d+bias+residual+relu, depthwise
-  conv+bias+clip, matmul+bias, softmax,
-  max-pool, add+relu, ``t`` sigmoid/tanh/erf gates of one input multiplied together as in RNN cells and GELU,
-  layer norm) whose parameters are varied *around* the geometries seen in tiers 0 and 1: channels, spatial
-  size, window, stride, groups, batch, rows/columns and chain length (:func:`synthetic_specs`), so the fitted
-  models see neighbours of the kernels they will be asked about, not only the kernels themselves. Tier-1 seeds
+  conv+bias+clip, matmul+bias, max-pool, add+relu, ``t`` sigmoid/tanh/erf gates of one input multiplied together
+  as in RNN cells and GELU, layer norm, softmax) whose parameters are varied *around* the geometries seen in
+  tiers 0 and 1: channels, spatial size, window, stride, groups, batch, rows/columns and chain length
+  (:func:`synthetic_specs`), so the fitted models see neighbours of the kernels they will be asked about, not only
+  the kernels themselves. Tier-1 seeds
   matter: a batch-4 transformer or RNN puts 4x the rows of any batch-1 kernel into its matmuls.
 
 Synthetic modules go through exactly the same path as the zoo models (``predictors.zoo_profile``): features from
@@ -85,8 +85,8 @@ def zoo_variants(include_variants: bool = True, models: Sequence[str] | None = N
 @dataclass(frozen=True)
 class SyntheticSpec:
     """A single-kernel workload: ``op`` in conv2d | conv2d_residual | depthwise_conv2d | matmul | max_pool2d |
-    add_relu | gates | layer_norm | softmax (``conv2d_residual``: a conv2d whose epilogue also adds a residual input, as in
-    ResNet's blocks)."""
+    add_relu | gates | layer_norm | softmax (``conv2d_residual``: a conv2d whose epilogue also adds a residual
+    input, as in ResNet's blocks)."""
 
     op: str
     items: tuple[tuple[str, int], ...] = ()     # sorted (parameter, value) pairs; hashable
@@ -223,12 +223,9 @@ def batch_probe_specs(zoo_nodes: Iterable[OpNode]) -> set[SyntheticSpec]:
         f = feature_vector(node)
         if int(f["batch"]) != 1 or f["kernel_h"] != f["kernel_w"] or f["groups"] != 1 or f["in_channels"] < 1:
             continue
-        stride = int(f["stride"])
-        base = dict(ci=int(f["in_channels"]), co=int(f["out_channels"]), hw=max(1, int(f["out_height"]) * stride),
-                    k=int(f["kernel_h"]), stride=stride)
         for batch in BATCH_PROBE_BATCHES:
             if batch * float(f["flops_per_sample"]) <= BATCH_PROBE_MAX_FLOPS:
-                specs.add(SyntheticSpec.of("conv2d", n=batch, **base))
+                specs.add(SyntheticSpec.of("conv2d", **{**_conv_base(f), "n": batch}))
     return specs
 
 
