@@ -63,6 +63,12 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
              f"{report['n_model_records']} model variants ({', '.join(report['models'])}), families "
              f"{', '.join(report['families'])}; {report['n_kernel_rows_ok']} distinct kernels with an ok label "
              f"({report['n_synthetic_kernels']} synthetic); row statuses {report['row_statuses']}.", ""]
+    if report.get("cache_bound_bytes"):
+        sysfs = report.get("sysfs_cache_bytes")
+        lines += [f"In-model terms: each fold fits the share of a {report['cache_bound_bytes'] / 2 ** 20:.0f} MiB "
+                  f"last-level cache bound a model keeps (probed {report['effective_cache_bytes'] / 2 ** 20:.0f} MiB, "
+                  f"sysfs {'?' if sysfs is None else f'{sysfs / 2 ** 20:.0f}'} MiB; predictors/cache_probe.py); "
+                  f"cores' L2 {report['core_cache_bytes'] / 2 ** 20:.0f} MiB.", ""]
     if report.get("excluded_models"):
         lines += ["Excluded model variants: " + "; ".join(f"{k}: {v}" for k, v in report["excluded_models"].items()),
                   ""]

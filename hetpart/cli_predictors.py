@@ -78,8 +78,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     output = args.output or cpu_predictor_path_for(host_cpu_name())
     predictor, info = fit_from_db(db, device=args.device, output=output)
     ctx = predictor.context
-    measured = info.get("effective_cache_bytes")
-    cache = (f"of the {measured / 2 ** 20:.0f} MiB measured" if measured
+    bound, probed = info.get("cache_bound_bytes"), info.get("effective_cache_bytes")
+    cache = (f"of a {bound / 2 ** 20:.0f} MiB bound (probed {probed / 2 ** 20:.0f} MiB)" if bound and probed
              else "of sysfs's size: the database has no probe of its host")
     log.info("fitted %s predictor on %d kernels timed with %s TVM thread(s) in %.1f s (in a model: +%.2f us per "
              "kernel, +%.1f us per MB of cold weights, a model keeping %.0f MiB %s last-level cache, +%.1f us per "

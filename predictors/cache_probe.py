@@ -14,10 +14,20 @@ cache), and one curve had stored 64 MiB in a database. So the curve is measured 
 each size's median bandwidth decides.
 
 ``hetpart profile`` measures it once per profile database (on the host being profiled) and stores it in the
-database's ``hetpart_meta``; ``hetpart fit`` and ``hetpart evaluate`` use the stored value (an older database
-without it: measured at fit time if this host has the CPU the database was measured on, else sysfs). The probed
-size is an upper bound: :func:`predictors.context.fit_context_terms` fits which share of it a model keeps between
-inferences (48 of the 64 MiB probed on profiles_session13b).
+database's ``hetpart_meta`` with sysfs's figure; ``hetpart fit`` and ``hetpart evaluate`` use the stored values (an
+older database without them: measured at fit time if this host has the CPU the database was measured on, else
+sysfs). :func:`predictors.context.fit_context_terms` fits which share of a bound a model keeps between inferences
+(48 of the 64 MiB probed on profiles_session13b).
+
+**The bound: the probe, or sysfs within the shares' reach of it** (:func:`cache_bound_bytes`). On this machine
+kind's Zen 4 guest (sysfs: 32 MiB L3) one thread's read bandwidth falls off gradually past 8 MiB (GB/s: 4-8 MiB 84-86,
+16 MiB 69-75, 24 MiB 48-52, 32 MiB 44-45), so the probe read 8, 16 and 8 MiB in three sessions on the same host
+(profiles_session17a, 18a, 19a): the edge sits on the threshold. A probe below the cache the models keep caps every
+share too low. With measured kernel labels (``model_level_floor``, leave-one-model-out over the 23 zoo variants),
+the share fitted below the probe's 8 MiB gave profiles_session17a 5.2% MAPE / 19.3% worst, below sysfs's 32 MiB
+3.5% / 9.7%; on 18a (probe 16 MiB) 4.2% / 19.9% and 4.1% / 19.9%. So sysfs is the bound whenever the probe lies
+within the smallest share of it (``probe >= min(CACHE_SHARES) x sysfs``: the fit can still choose the probe's size);
+the probe only where sysfs is out of its reach -- the Intel guest's 480 MiB against a 48 MiB probe.
 """
 from __future__ import annotations
 
@@ -28,7 +38,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from predictors.context import last_level_cache_bytes
+from dataclasses import dataclass
+
+from predictors.context import CACHE_SHARES, last_level_cache_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +48,7 @@ PROBE_SIZES_MIB = (4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 REFERENCE_MAX_MIB = 16         # sizes up to this set the in-cache bandwidth (median of them)
 BANDWIDTH_DROP = 0.15          # a size is cached while its bandwidth is >= (1 - this) x the reference
 META_KEY = "effective_cache_bytes"
+SYSFS_META_KEY = "sysfs_cache_bytes"
 PROBE_REPEATS = 3              # curves measured; each size's median bandwidth decides
 
 BandwidthProbe = Callable[[int], float]     # size in MiB -> read bandwidth (bytes/s)
@@ -108,4 +121,44 @@ def effective_cache_bytes_for_db(db_path: str | Path, db_cpu: str | None,
             return None
         cache = measure_effective_cache_bytes(probe)
         models.put_meta(META_KEY, str(cache))
+        models.put_meta(SYSFS_META_KEY, str(last_level_cache_bytes()))
         return cache
+
+
+def cache_bound_bytes(probed_bytes: int, sysfs_bytes: int | None) -> int:
+    """The cache a model can keep at most (module docstring): sysfs's size when the probe lies within the smallest
+    fitted share of it, else the probe."""
+    if sysfs_bytes is not None and probed_bytes <= sysfs_bytes and probed_bytes >= min(CACHE_SHARES) * sysfs_bytes:
+        return int(sysfs_bytes)
+    return int(probed_bytes)
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    """A profile database's host caches: ``probed_bytes`` (this module's probe), ``sysfs_bytes`` (what the OS
+    reported; None when unknown) and ``bound_bytes`` (:func:`cache_bound_bytes`), in bytes."""
+
+    probed_bytes: int
+    sysfs_bytes: int | None
+    bound_bytes: int
+
+
+def cache_sizes_for_db(db_path: str | Path, db_cpu: str | None,
+                       probe: BandwidthProbe = read_bandwidth) -> CacheSizes | None:
+    """The probed and sysfs caches of the database's host and the bound the in-model terms fit shares of. A
+    database probed before sysfs's size was stored takes this host's when this host has its CPU. None: no probe
+    (callers fall back to sysfs)."""
+    from predictors.model_db import ModelDatabase
+
+    probed = effective_cache_bytes_for_db(db_path, db_cpu, probe)
+    if probed is None:
+        return None
+    with ModelDatabase(db_path) as models:
+        stored = models.meta(SYSFS_META_KEY)
+        from hetpart.compiler import host_cpu_name
+
+        if stored is None and db_cpu is not None and db_cpu == host_cpu_name():
+            stored = str(last_level_cache_bytes())
+            models.put_meta(SYSFS_META_KEY, stored)
+    sysfs = None if stored is None else int(stored)
+    return CacheSizes(probed, sysfs, cache_bound_bytes(probed, sysfs))

@@ -35,9 +35,10 @@ whole-model measurements (:func:`fit_context_terms`), turn isolated predictions 
   two terms to 5.5 % (worst 14.7 %) with this one; thresholds of 1-8 MiB all gave 5.3-6.2 %, so the L2 size
   read from the machine is used rather than a tuned constant.
 
-The last-level cache size these terms assume is the one :mod:`predictors.cache_probe` measured on the profiled
-host (stored in the profile database); sysfs's figure only when there is none -- a VM may report a cache it
-does not get (480 MiB on this machine kind's Intel guest, which behaves like 48 MiB).
+The last-level cache these terms take shares of is the bound :mod:`predictors.cache_probe` derives for the
+profiled host (stored in the profile database): its probe, or sysfs's figure when the probe lies within the
+smallest share of it; sysfs's figure alone only when there is no probe -- a VM may report a cache it does not get
+(480 MiB on this machine kind's Intel guest, which behaves like 48 MiB).
 
 **Which weights are cold: the cache share rule.** Between two inferences a model streams its weights and its
 activations through the last-level cache. A thrash-resistant LLC (adaptive insertion, as on current x86 parts)

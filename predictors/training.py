@@ -33,7 +33,7 @@ import numpy as np
 from hetpart.errors import PredictorError
 from hetpart.graph import OpNode
 from predictors import evaluate as ev
-from predictors.cache_probe import effective_cache_bytes_for_db
+from predictors.cache_probe import cache_sizes_for_db
 from predictors.context import core_cache_bytes
 from predictors.model_db import ModelDatabase
 from predictors.device_predictor import DevicePredictor
@@ -204,7 +204,8 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
     predictor = DevicePredictor(device=device, target=json.loads(data.target), tvm_version=data.tvm_version,
                                 num_threads=data.num_threads or None, core_cache_bytes=measured_core_cache(data))
     predictor.fit(nodes, labels)
-    cache = effective_cache_bytes_for_db(db_path, json.loads(data.target).get("mcpu"))
+    sizes = cache_sizes_for_db(db_path, json.loads(data.target).get("mcpu"))
+    cache = None if sizes is None else sizes.bound_bytes
     if data.records:
         predictor.fit_context([(r.nodes, r.model_latency_us) for r in data.records.values()], cache_bytes=cache,
                               core_cache=measured_core_cache(data))
@@ -219,7 +220,9 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
             "profile_runs": len(runs), "profile_seconds_total": sum(r["elapsed_s"] for r in runs),
             "n_synthetic_kernels": len(set(keys) - data.zoo_keys), "n_model_records": len(data.records),
             "excluded_tir_feature_rows": data.excluded_tir_features, "canary_reference_us": data.reference_canary_us,
-            "effective_cache_bytes": cache,     # measured (cache probe); the fitted share is in the context terms
+            # the probe's and sysfs's sizes and the bound the fitted share (in the context terms) is of
+            "effective_cache_bytes": None if sizes is None else sizes.probed_bytes,
+            "sysfs_cache_bytes": None if sizes is None else sizes.sysfs_bytes, "cache_bound_bytes": cache,
             "excluded_orphan_rows": data.excluded_orphan_rows, "profile_db": str(db_path),
             "excluded_models": data.excluded_models}
     predictor.fit_info.update({"training": info})
@@ -272,9 +275,12 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
         "row_statuses": dict(Counter(m.status for m in data.raw.values())),
         "canary_reference_us": data.reference_canary_us, "methods": sorted(methods), "splits": {}, "verdicts": [],
     }
-    cache = effective_cache_bytes_for_db(db_path, json.loads(data.target).get("mcpu"))
+    sizes = cache_sizes_for_db(db_path, json.loads(data.target).get("mcpu"))
+    cache = None if sizes is None else sizes.bound_bytes
     core = measured_core_cache(data)
-    report["effective_cache_bytes"], report["core_cache_bytes"] = cache, core
+    report["effective_cache_bytes"] = None if sizes is None else sizes.probed_bytes
+    report["sysfs_cache_bytes"] = None if sizes is None else sizes.sysfs_bytes
+    report["cache_bound_bytes"], report["core_cache_bytes"] = cache, core
     relay = None if progress is None else (lambda split, done, total: progress(split, done, total, ""))
     for split_name, (group_of, split_methods) in splits.items():
         if len(set(group_of.values())) < 2:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from predictors import cache_probe
-from predictors.cache_probe import (effective_cache_bytes_for_db, effective_cache_from_curve,
-                                    measure_effective_cache_bytes, read_bandwidth)
+from predictors.cache_probe import (cache_bound_bytes, cache_sizes_for_db, effective_cache_bytes_for_db,
+                                    effective_cache_from_curve, measure_effective_cache_bytes, read_bandwidth)
 from predictors.model_db import ModelDatabase
 
 MIB = 2 ** 20
@@ -67,6 +67,36 @@ def test_the_database_keeps_the_probe_of_its_own_host(tmp_path, monkeypatch):
     assert effective_cache_bytes_for_db(db, db_cpu, probe=fake) == 16 * MIB and not probes   # stored, any host
     with ModelDatabase(db) as models:
         assert models.meta("effective_cache_bytes") == str(16 * MIB)
+        assert models.meta("sysfs_cache_bytes") == str(32 * MIB)     # stored with the probe, from its host
+
+
+def test_the_bound_is_sysfs_when_the_probe_lies_within_the_smallest_share_of_it():
+    # Zen 4 guest: the probe read 8 or 16 MiB of a real 32 MiB L3 -> 32 (the fit can still pick 8 or 16)
+    assert cache_bound_bytes(8 * MIB, 32 * MIB) == cache_bound_bytes(16 * MIB, 32 * MIB) == 32 * MIB
+    # Intel guest: sysfs reports the host's 480 MiB, the probe 48 MiB -> the probe
+    assert cache_bound_bytes(48 * MIB, 480 * MIB) == 48 * MIB
+    # just outside the smallest share (0.25), a probe above sysfs, an unknown sysfs: the probe
+    assert cache_bound_bytes(7 * MIB, 32 * MIB) == 7 * MIB
+    assert cache_bound_bytes(64 * MIB, 32 * MIB) == 64 * MIB
+    assert cache_bound_bytes(16 * MIB, None) == 16 * MIB
+
+
+def test_a_database_probed_without_sysfs_takes_this_hosts_only_when_it_has_the_databases_cpu(tmp_path, monkeypatch):
+    import hetpart.compiler as compiler
+    from tests.predictors.test_zoo_profile import TARGET, build_fake_db
+
+    db = tmp_path / "p.sqlite"
+    build_fake_db(db, n_models=3, with_retests=False)
+    db_cpu = json.loads(TARGET).get("mcpu", "fakecpu")
+    with ModelDatabase(db) as models:            # probed before sysfs's size was stored with it
+        models.put_meta("effective_cache_bytes", str(8 * MIB))
+    monkeypatch.setattr(cache_probe, "last_level_cache_bytes", lambda: 32 * MIB)
+    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "othercpu")
+    assert cache_sizes_for_db(db, db_cpu) == cache_probe.CacheSizes(8 * MIB, None, 8 * MIB)
+    monkeypatch.setattr(compiler, "host_cpu_name", lambda: db_cpu)
+    assert cache_sizes_for_db(db, db_cpu) == cache_probe.CacheSizes(8 * MIB, 32 * MIB, 32 * MIB)
+    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "othercpu")        # now stored: any host
+    assert cache_sizes_for_db(db, db_cpu).bound_bytes == 32 * MIB
 
 
 def test_fit_uses_the_stored_effective_cache(tmp_path):
@@ -79,7 +109,7 @@ def test_fit_uses_the_stored_effective_cache(tmp_path):
         models.put_meta("effective_cache_bytes", str(24 * MIB))
     predictor, info = fit_from_db(db)
     assert predictor.context.cache_bytes == 24 * MIB and info["effective_cache_bytes"] == 24 * MIB
-    assert np.isfinite(predictor.context.cold_param_us_per_mb)
+    assert info["cache_bound_bytes"] == 24 * MIB             # no sysfs size stored for the fake host    assert np.isfinite(predictor.context.cold_param_us_per_mb)
 
 
 def test_fit_takes_the_l2_of_the_threads_the_kernels_ran_with_not_of_this_process(tmp_path, monkeypatch):
