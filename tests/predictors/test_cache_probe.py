@@ -109,7 +109,8 @@ def test_fit_uses_the_stored_effective_cache(tmp_path):
         models.put_meta("effective_cache_bytes", str(24 * MIB))
     predictor, info = fit_from_db(db)
     assert predictor.context.cache_bytes == 24 * MIB and info["effective_cache_bytes"] == 24 * MIB
-    assert info["cache_bound_bytes"] == 24 * MIB             # no sysfs size stored for the fake host    assert np.isfinite(predictor.context.cold_param_us_per_mb)
+    assert info["cache_bound_bytes"] == 24 * MIB             # no sysfs size stored for the fake host
+    assert np.isfinite(predictor.context.cold_param_us_per_mb)
 
 
 def test_fit_takes_the_l2_of_the_threads_the_kernels_ran_with_not_of_this_process(tmp_path, monkeypatch):
