@@ -33,6 +33,7 @@ from predictors import sampling  # noqa: E402
 from predictors.kernel_mapping import map_kernels  # noqa: E402
 from predictors.model_timing import compile_model, import_variant  # noqa: E402
 from predictors.profiler import KernelProfiler  # noqa: E402
+from predictors.synthetic_modules import build_synthetic_module  # noqa: E402
 from predictors.workloads import canary_workload  # noqa: E402
 
 PROBES = {
@@ -56,7 +57,7 @@ def main() -> None:
     kernels = {"canary_matmul_256": profiler.compile(canary_workload(256, profiler.tvm_target))}
     for name, (op, params) in PROBES.items():
         spec = sampling.SyntheticSpec.of(op, **params)
-        workloads = map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler).workloads
+        workloads = map_kernels(build_synthetic_module(spec), spec.name, profiler).workloads
         main_kernel = [w for w in workloads if op.split("_")[0] in w.name] or list(workloads)
         kernels[name] = profiler.compile(main_kernel[0])
     variants = {v.name: v for v in sampling.zoo_variants()}

@@ -124,8 +124,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-synthetic", action="store_true", help="skip the synthetic variations")
     p.add_argument("--max-synthetic", type=int, default=1200,
                    help="most synthetic workloads to consider, shared out equally among op kinds (the batch 2 "
-                        "and 8 variations of weight-heavy convs and the variations of convs with a residual add "
-                        "come on top)")
+                        "and 8 variations of weight-heavy convs, the variations of convs with a residual add and "
+                        "of softmaxes come on top)")
     p.add_argument("--retests", type=int, default=40, help="kernels to measure twice (noise floor)")
     p.add_argument("--refine", action="store_true", help="only time the stored kernels (zoo and synthetic) and "
                    "models again, --passes times, keeping the lower (canary-normalised) median: contention only adds "

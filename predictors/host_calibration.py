@@ -4,7 +4,7 @@ A CPU predictor's labels are kernel timings on one CPU with one TVM thread count
 this host's CPU, or the deployment runs another thread count, :func:`scale_to_host` times a fixed suite of kernels
 here (:data:`CALIBRATION_SUITE`: the kinds the zoo's time goes to -- 3x3, 1x1 and weight-heavy convolutions, a
 depthwise convolution, a matrix-vector product, a matmul, a max-pool, a streaming and a transcendental elementwise
-kernel, a layer norm -- built by :func:`predictors.sampling.build_synthetic_module` and compiled and timed exactly
+kernel, a layer norm -- built by :func:`predictors.synthetic_modules.build_synthetic_module` and compiled and timed exactly
 like profiled kernels), asks the predictor for the same kernels, and multiplies every prediction (isolated kernels
 and the in-model terms) by the geometric mean of measured / predicted (:class:`HostScaledPredictor`). The suite's
 timings are kept in ``$HETPART_CACHE_DIR/calibration/`` per CPU, thread count, suite, CPU rules and TVM version, so
@@ -136,7 +136,7 @@ def measure_suite(host_cpu: str, num_threads: int,
     profiler's protocol (canary windows, re-measured while noisy) and written there. Once per process."""
     from predictors.kernel_mapping import map_kernels
     from predictors.profiler import KernelProfiler, num_threads as pool_threads
-    from predictors.sampling import build_synthetic_module
+    from predictors.synthetic_modules import build_synthetic_module
 
     if pool_threads() != num_threads:
         raise PredictorError(f"the calibration suite must be timed with the deployment's {num_threads} TVM "

@@ -38,6 +38,7 @@ from predictors.model_db import ModelDatabase, ModelVariantRecord
 from predictors.profiler import KernelProfiler
 from predictors.store import CANARY_TRUST, Measurement, ProfileStore, normalise_latency
 from predictors.model_timing import import_variant, measure_model, model_windows, release_memory
+from predictors.synthetic_modules import build_synthetic_module
 from predictors.zoo_profile import current_marker_suffix
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def refine_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler,
                 break
             if k % 50 == 49:
                 release_memory()
-            for w in map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler).workloads:
+            for w in map_kernels(build_synthetic_module(spec), spec.name, profiler).workloads:
                 if w.key_hash not in seen and w.key_hash in stored and left() > 0:
                     counts["synthetic_kernels"] += 1
                     counts["synthetic_lowered"] += remeasure(w)

@@ -40,6 +40,7 @@ from predictors.profiler import KernelProfiler
 from predictors.workloads import KernelWorkload
 from predictors.profiling_run import ProfileRunSummary, profile_workloads
 from predictors.store import ProfileStore, feature_identity
+from predictors.synthetic_modules import build_synthetic_module
 from tvm_passes.extract import EXTRACTOR_VERSION
 from tvm_passes.schedules import RULES_VERSION
 
@@ -212,7 +213,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                     break
                 chunk, keys_of_spec = [], {}
                 for spec in specs[first:first + synthetic_chunk]:
-                    made = candidates_of(map_kernels(sampling.build_synthetic_module(spec), spec.name, profiler),
+                    made = candidates_of(map_kernels(build_synthetic_module(spec), spec.name, profiler),
                                          sampling.TIER_SYNTHETIC)
                     keys_of_spec[_done_marker(spec)] = [c.key_hash for c in made]
                     chunk += made

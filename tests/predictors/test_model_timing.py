@@ -8,12 +8,12 @@ from tests.predictors.test_zoo_profile import tiny_cnn
 
 @pytest.mark.tvm
 def test_best_window_profiler_keeps_the_least_contended_window():
-    from predictors import sampling
     from predictors.profiler import KernelProfiler
+    from predictors.synthetic_modules import build_synthetic_module
     from predictors.workloads import kernels_of_module
     from predictors.model_timing import BestWindowProfiler
 
-    (workload,) = kernels_of_module(sampling.build_synthetic_module(SyntheticSpec_add()))
+    (workload,) = kernels_of_module(build_synthetic_module(SyntheticSpec_add()))
     calls = {"kernel": 0}
 
     def timer(kernel, number, repeat):

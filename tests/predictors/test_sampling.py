@@ -10,6 +10,7 @@ from hetpart.errors import PredictorError
 from predictors import sampling
 from predictors.features import kernel_kind
 from predictors.sampling import Candidate, SyntheticSpec
+from predictors.synthetic_modules import build_synthetic_module
 from tests.predictors.synthetic_kernels import conv_node, elementwise_node, matmul_node, pool_node
 
 
@@ -177,7 +178,7 @@ def test_synthetic_spec_rejects_wrong_parameters():
 def test_synthetic_modules_extract_to_one_kernel_of_the_intended_kind(spec, kind, shape):
     from tvm_passes.extract import extract_op_graph
 
-    graph = extract_op_graph(sampling.build_synthetic_module(spec), name=spec.name).kernel_graph()
+    graph = extract_op_graph(build_synthetic_module(spec), name=spec.name).kernel_graph()
     assert graph.num_ops == 1
     node = graph.nodes[0]
     assert kernel_kind(node) == kind
