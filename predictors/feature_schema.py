@@ -8,13 +8,13 @@ measurements that decided it. :mod:`predictors.features` re-exports every name h
 """
 from __future__ import annotations
 
-FEATURE_SCHEMA_VERSION = 10
+FEATURE_SCHEMA_VERSION = 11
 
 # Raw (positive) features each per-kind polynomial model uses; the model takes log(1 + x) itself. The first
 # feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
 KIND_FEATURES: dict[str, tuple[str, ...]] = {
     "conv2d": ("flops_per_sample", "bytes_per_sample", "out_spatial", "out_channels_pad8", "reduction_size",
-               "stride", "kernel_area", "conv_tile_accumulators", "conv_lane_fill", "batch"),
+               "stride", "kernel_area", "conv_tile_accumulators", "conv_lane_fill", "batch", "aliased_weight_share"),
     "depthwise_conv2d": ("flops", "bytes_total", "out_spatial", "out_channels_pad8", "kernel_area", "stride"),
     "matmul": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems",
                "matmul_tile_accumulators", "matmul_vector_width"),
@@ -26,6 +26,16 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
     "data_movement": ("bytes_total", "out_elems", "layout_ops", "n_inputs"),
     "other": ("flops", "bytes_total", "out_elems"),
 }
+# Schema 11 adds conv2d's aliased_weight_share (predictors.features): a conv whose output channels span a multiple
+# of 4 KiB keeps its weight rows 4 KiB apart, the period of the L1 set index, so its reduction over input channels
+# maps them all to one set. Measured on the Zen 4 host (profiles_session18a), 1x1 convs from 256 channels at 7x7,
+# batch 1, µs per MFLOP: 256, 512, 768, 1280, 1536 output channels 5.2-5.4; 1024 and 2048 7.1-7.4 (ResNet-50's
+# 256->1024 with a residual add: 190 µs, predicted 149 with ResNet-50 held out). At 14x14 the same convs ran
+# 5.0-5.1 whether aliased or not: the weights' share of the traffic decides how much the misses cost, hence the
+# share, not a flag. Leave-one-model-out (kernels >= 100 µs MAPE / within ±10%, whole models MAPE / worst; cache
+# bound 32 MiB): profiles_session18a 3.73 / 88.7% -> 3.14 / 90.7%, 4.69 / 25.2% -> 4.58 / 21.1%; profiles_session17a
+# 4.13 / 88.6% -> 3.49 / 90.8%, 3.06 / 6.8% -> 3.03 / 7.1%. A 0/1 flag instead: 3.18 / 91.7% and 3.58 / 90.4%, but
+# it put ResNet-50's aliased 1x1 convs at 14x14 18% high on 17a.
 # conv2d's last two features describe the register tile hetpart's CPU conv rule picks (tvm_passes.tile_plan): a
 # tile of 4 columns x 2 vectors (ResNet-50's 4x4 maps at 112 px) runs at half the FLOP rate of 7 x 2 (its 7x7 maps at
 # 224 px), and 14-lane column vectors waste an eighth of every register. Without them the polynomial predicted
@@ -99,16 +109,18 @@ _MATMUL_8 = ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "element
 # Specialist kind -> the kernel kind it is a part of. Its kernels train both models; a specialist predicts them when
 # it was fitted (enough samples, schema >= 10), else the parent kind's model does, as before schema 10.
 SPECIALIST_KINDS: dict[str, str] = {"gemv": "matmul"}
-_SCHEMA_9 = {kind: names for kind, names in KIND_FEATURES.items() if kind not in SPECIALIST_KINDS}
+_SCHEMA_10 = {**KIND_FEATURES, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "aliased_weight_share")}
+_SCHEMA_9 = {kind: names for kind, names in _SCHEMA_10.items() if kind not in SPECIALIST_KINDS}
 _WITHOUT_POOL_GUARD = {**_SCHEMA_9, "matmul": _MATMUL_8,
                        "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "pool_bounds_checked")}
 # Feature lists of earlier schemas whose feature *definitions* this schema keeps: predictors fitted with them load
 # and predict with their own lists (the shipped Zen predictors are schema 6 and their databases are gone).
 KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
-    6: {**_WITHOUT_POOL_GUARD, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "batch")},
+    6: {**_WITHOUT_POOL_GUARD, "conv2d": tuple(f for f in _SCHEMA_10["conv2d"] if f != "batch")},
     7: _WITHOUT_POOL_GUARD,
     8: {**_SCHEMA_9, "matmul": _MATMUL_8},
     9: _SCHEMA_9,
+    10: _SCHEMA_10,
     FEATURE_SCHEMA_VERSION: KIND_FEATURES,
 }
 # Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a

@@ -31,6 +31,8 @@ DEFAULT_VECTOR_LANES = 16
 # Combined L2 of the cores a kernel runs on, when the caller does not give its machine's (DevicePredictor records
 # the L2 of the thread count its database's kernels ran with; predictors.context re-exports this default).
 DEFAULT_CORE_CACHE_BYTES = 2 * 2 ** 20
+# Addresses this far apart share an L1 data cache set (64 sets x 64-byte lines on Zen 4, Zen 5 and the Intel cores).
+L1_SET_PERIOD_BYTES = 4096
 
 KINDS = ("conv2d", "depthwise_conv2d", "matmul", "pool", "elementwise", "reduction", "data_movement", "other")
 
@@ -129,6 +131,10 @@ FEATURE_SCHEMA: dict[str, str] = {
                                "fits): what a kernel that streams its operands once reads from L3 or DRAM",
     "pool_bounds_checked": "1 when a pool window can reach outside its input (padding, or ceil_mode rounding the "
                            "output up), so every load is guarded; 0 otherwise (and for other kinds)",
+    "aliased_weight_share": "for a conv2d whose output channels span a multiple of 4 KiB (fp32: a multiple of 1024 "
+                            "channels), its weights' share of its per-sample bytes (param_bytes / bytes_per_sample); "
+                            "0 otherwise. Its weight rows then sit 4 KiB apart, the L1 set-index period, so the "
+                            "reduction over input channels maps every row to the same cache set",
     "flops_per_sample": "flops / batch",
     "bytes_per_sample": "activation bytes (bytes_total - param_bytes) / batch + param_bytes: the bytes of the "
                         "same kernel at batch 1",
@@ -372,6 +378,8 @@ def feature_vector(node: OpNode, vector_lanes: int = DEFAULT_VECTOR_LANES,
     batch = max(f["batch"], 1.0)
     f.update(flops_per_sample=f["flops"] / batch,
              bytes_per_sample=(bytes_total - f["param_bytes"]) / batch + f["param_bytes"])
+    aliased = kind == "conv2d" and f["out_channels"] >= 1 and (int(f["out_channels"]) * 4) % L1_SET_PERIOD_BYTES == 0
+    f["aliased_weight_share"] = f["param_bytes"] / max(f["bytes_per_sample"], 1.0) if aliased else 0.0
     f.update(log_flops=math.log1p(f["flops"]), log_bytes_total=math.log1p(bytes_total),
              log_out_elems=math.log1p(out_elems), log_arithmetic_intensity=math.log1p(f["arithmetic_intensity"]))
     assert set(f) == set(FEATURE_SCHEMA), sorted(set(f) ^ set(FEATURE_SCHEMA))

@@ -250,7 +250,10 @@ def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features
     from hetpart.compiler import DEFAULT_CPU_PREDICTOR, cpu_predictor_path_for
     from tests.predictors.synthetic_kernels import conv_node
 
-    assert KIND_FEATURES["conv2d"][-1] == "batch" and "batch" not in KIND_FEATURES_BY_SCHEMA[6]["conv2d"]
+    assert "batch" in KIND_FEATURES["conv2d"] and "batch" not in KIND_FEATURES_BY_SCHEMA[6]["conv2d"]
+    # schema 11 added the aliased weight share; schema-10 files predict without it
+    assert KIND_FEATURES["conv2d"][-1] == "aliased_weight_share"
+    assert all("aliased_weight_share" not in KIND_FEATURES_BY_SCHEMA[v]["conv2d"] for v in (6, 7, 8, 9, 10))
     # schema 8 added the pool guard; schemas 6 and 7 keep the pool features they were fitted with
     assert "pool_bounds_checked" in KIND_FEATURES["pool"]
     assert all("pool_bounds_checked" not in KIND_FEATURES_BY_SCHEMA[v]["pool"] for v in (6, 7))
