@@ -21,11 +21,11 @@ sysfs). :func:`predictors.context.fit_context_terms` fits which share of a bound
 
 **The bound: the probe, or sysfs within the shares' reach of it** (:func:`cache_bound_bytes`). On this machine
 kind's Zen 4 guest (sysfs: 32 MiB L3) one thread's read bandwidth falls off gradually past 8 MiB (GB/s: 4-8 MiB
-72-86, 16 MiB 65-75, 24 MiB 45-52, 32 MiB 42-45), so the probe read 8, 16, 8 and 16 MiB in four profiles of the
-same host (profiles_session17a, 18a, 19a, 19b): the edge sits on the threshold. A probe below the cache the models
-keep caps every share too low. With measured kernel labels (``model_level_floor``, leave-one-model-out over the 23
-zoo variants), the share fitted below the probe's 8 MiB gave profiles_session17a 5.2% MAPE / 19.3% worst, below sysfs's 32 MiB
-3.5% / 9.7%; on 18a (probe 16 MiB) 4.2% / 19.9% and 4.1% / 19.9%. With the polynomial's predictions (feature
+72-86, 16 MiB 65-75, 24 MiB 45-52, 32 MiB 42-45), so the probe read 8, 16, 8 and 16 MiB in four profiles of the same
+host (profiles_session17a, 18a, 19a, 19b): the edge sits on the threshold. A probe below the cache the models keep
+caps every share too low. With measured kernel labels (``model_level_floor``, leave-one-model-out over the 23 zoo
+variants), the share fitted below the probe's 8 MiB gave profiles_session17a 5.2% MAPE / 19.3% worst, below sysfs's
+32 MiB 3.5% / 9.7%; on 18a (probe 16 MiB) 4.2% / 19.9% and 4.1% / 19.9%. With the polynomial's predictions (feature
 schema 10) whole models went from 5.23% / 19.6% to 3.06% / 6.8% on 17a and from 4.75% / 25.2% to 4.69% / 25.2% on
 18a. So sysfs is the bound whenever the probe lies within the smallest share of it (``probe >= min(CACHE_SHARES) x
 sysfs``: the fit can still choose the probe's size); the probe only where sysfs is out of its reach -- the Intel
