@@ -185,7 +185,7 @@ def residual_specs(zoo_nodes: Iterable[OpNode]) -> set[SyntheticSpec]:
 # softmax was predicted from layer norms and mean reductions, 14-16% low with its model held out. 13 specs, ~2 s per
 # pass. Leave-one-model-out, kernels >= 100 µs MAPE / within ±10% (with the residual variations): profiles_session18a
 # 3.73 / 88.7% -> 3.55 / 89.7%; profiles_session17a 3.74 / 90.2% -> 3.60 / 91.2%; whole models 4.75 -> 4.77% and
-# 5.28 -> 5.34%. (The shipped Zen 4 predictor was fitted before these were added.)
+# 5.28 -> 5.34%. profiles_session19b, the shipped Zen 4 predictor's database, is the first profiled with them.
 def softmax_specs(zoo_nodes: Iterable[OpNode]) -> set[SyntheticSpec]:
     """``softmax`` variations (rows x 0.25-4, row length x 0.5 and 2) of every zoo softmax kernel, except its own
     shape."""
