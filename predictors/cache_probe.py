@@ -144,6 +144,13 @@ class CacheSizes:
     bound_bytes: int
 
 
+def cache_report_fields(sizes: CacheSizes | None) -> dict[str, int | None]:
+    """The sizes as fit and evaluation reports record them (all None when the database has no probe)."""
+    return {"effective_cache_bytes": None if sizes is None else sizes.probed_bytes,
+            "sysfs_cache_bytes": None if sizes is None else sizes.sysfs_bytes,
+            "cache_bound_bytes": None if sizes is None else sizes.bound_bytes}
+
+
 def cache_sizes_for_db(db_path: str | Path, db_cpu: str | None,
                        probe: BandwidthProbe = read_bandwidth) -> CacheSizes | None:
     """The probed and sysfs caches of the database's host and the bound the in-model terms fit shares of. A
@@ -154,10 +161,10 @@ def cache_sizes_for_db(db_path: str | Path, db_cpu: str | None,
     probed = effective_cache_bytes_for_db(db_path, db_cpu, probe)
     if probed is None:
         return None
+    from hetpart.compiler import host_cpu_name
+
     with ModelDatabase(db_path) as models:
         stored = models.meta(SYSFS_META_KEY)
-        from hetpart.compiler import host_cpu_name
-
         if stored is None and db_cpu is not None and db_cpu == host_cpu_name():
             stored = str(last_level_cache_bytes())
             models.put_meta(SYSFS_META_KEY, stored)

@@ -156,8 +156,8 @@ def cross_validate(records: Mapping[str, ModelRecord], group_of: Mapping[str, st
                    split_name: str = "split", cache_bytes: int | None = None,
                    core_cache: int | None = None) -> dict[str, Any]:
     """Hold out each group in turn (all models sharing a ``group_of`` value); train every method on the rest.
-    ``cache_bytes``: the measured last-level cache (None: this host's sysfs size); each fold's in-model terms fit
-    the share of it a model keeps (:func:`predictors.context.fit_context_terms`). ``core_cache``: the L2 of the
+    ``cache_bytes``: the last-level cache bound of the database's host (:mod:`predictors.cache_probe`; None: this
+    host's sysfs size); each fold's in-model terms fit the share of it a model keeps (:func:`predictors.context.fit_context_terms`). ``core_cache``: the L2 of the
     cores the kernels ran on (None: as many cores as this process's ``TVM_NUM_THREADS``).
 
     Per method, ``_points`` holds the held-out kernel instances: (measured, predicted, kind, (model, index of the

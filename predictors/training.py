@@ -33,7 +33,7 @@ import numpy as np
 from hetpart.errors import PredictorError
 from hetpart.graph import OpNode
 from predictors import evaluate as ev
-from predictors.cache_probe import cache_sizes_for_db
+from predictors.cache_probe import cache_report_fields, cache_sizes_for_db
 from predictors.context import core_cache_bytes
 from predictors.model_db import ModelDatabase
 from predictors.device_predictor import DevicePredictor
@@ -221,8 +221,7 @@ def fit_from_db(db_path: str | Path, device: str = "cpu",
             "n_synthetic_kernels": len(set(keys) - data.zoo_keys), "n_model_records": len(data.records),
             "excluded_tir_feature_rows": data.excluded_tir_features, "canary_reference_us": data.reference_canary_us,
             # the probe's and sysfs's sizes and the bound the fitted share (in the context terms) is of
-            "effective_cache_bytes": None if sizes is None else sizes.probed_bytes,
-            "sysfs_cache_bytes": None if sizes is None else sizes.sysfs_bytes, "cache_bound_bytes": cache,
+            **cache_report_fields(sizes),
             "excluded_orphan_rows": data.excluded_orphan_rows, "profile_db": str(db_path),
             "excluded_models": data.excluded_models}
     predictor.fit_info.update({"training": info})
@@ -278,9 +277,7 @@ def evaluate_db(db_path: str | Path, device: str = "cpu", out_dir: str | Path | 
     sizes = cache_sizes_for_db(db_path, json.loads(data.target).get("mcpu"))
     cache = None if sizes is None else sizes.bound_bytes
     core = measured_core_cache(data)
-    report["effective_cache_bytes"] = None if sizes is None else sizes.probed_bytes
-    report["sysfs_cache_bytes"] = None if sizes is None else sizes.sysfs_bytes
-    report["cache_bound_bytes"], report["core_cache_bytes"] = cache, core
+    report.update(cache_report_fields(sizes), core_cache_bytes=core)
     relay = None if progress is None else (lambda split, done, total: progress(split, done, total, ""))
     for split_name, (group_of, split_methods) in splits.items():
         if len(set(group_of.values())) < 2:
