@@ -24,10 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hetpart.compiler import host_cpu_name  # noqa: E402
 from hetpart.errors import ExtrapolationWarning  # noqa: E402
 from predictors.device_predictor import DevicePredictor  # noqa: E402
 from predictors.host_calibration import HostScaledPredictor, measure_suite, scale_by_suite  # noqa: E402
+from predictors.registry import host_cpu_name  # noqa: E402
 from predictors.training import load_training_data  # noqa: E402
 
 logger = logging.getLogger("benchmarks.predictor_transfer")

@@ -70,9 +70,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from predictors.registry import cpu_predictor_path_for, host_cpu_name
     from predictors.training import fit_from_db
-
-    from hetpart.compiler import cpu_predictor_path_for, host_cpu_name
 
     db = args.db or default_db()
     output = args.output or cpu_predictor_path_for(host_cpu_name())

@@ -114,7 +114,7 @@ def effective_cache_bytes_for_db(db_path: str | Path, db_cpu: str | None,
         stored = models.meta(META_KEY)
         if stored is not None:
             return int(stored)
-        from hetpart.compiler import host_cpu_name
+        from predictors.registry import host_cpu_name
 
         if db_cpu is None or db_cpu != host_cpu_name():
             logger.info("%s records no effective cache size and this host (%s) is not its CPU (%s): the in-model "
@@ -161,7 +161,7 @@ def cache_sizes_for_db(db_path: str | Path, db_cpu: str | None,
     probed = effective_cache_bytes_for_db(db_path, db_cpu, probe)
     if probed is None:
         return None
-    from hetpart.compiler import host_cpu_name
+    from predictors.registry import host_cpu_name
 
     with ModelDatabase(db_path) as models:
         stored = models.meta(SYSFS_META_KEY)

@@ -28,12 +28,6 @@ from predictors.workloads import KernelWorkload, flatten_tensor_types, fuse_for_
 logger = logging.getLogger(__name__)
 
 ALIGNMENT_STATS = {"aligned": 0, "fallback_tir": 0}     # per process: how often map_kernels fell back
-# Bump when the pairing rule changes (stored node keys and features are then refreshed by `hetpart profile`).
-# 3: shared operand sizes break ties between nodes with equal output shapes (GoogLeNet's branches, BERT's
-# attention); 2 required equal size multisets, which never held for kernels that also take a constant.
-ALIGNMENT_VERSION = 3
-
-
 @dataclass(frozen=True)
 class ModelKernels:
     """A module's kernel graph and its distinct deployment kernels (features taken from the graph if aligned)."""

@@ -122,7 +122,7 @@ class ModelDatabase:
         """Insert or refresh a variant's graph and node keys. A latency already measured is kept while the variant
         runs the same kernels (node keys equal as a multiset); when they change (the compiler now makes different
         kernels) it is dropped, since it timed the old kernels. ``pipeline_version`` records what made the graph and
-        keys (``predictors.zoo_profile.PIPELINE_VERSION``)."""
+        keys (``predictors.versions.PIPELINE_VERSION``)."""
         if graph.level != "kernel":
             raise ProfileDatabaseError(f"model variant {name}: store its kernel-level graph, not {graph.level!r}")
         if aligned and len(node_keys) != graph.num_ops:

@@ -11,8 +11,8 @@ windows on a shared machine. Windows a second apart share the host's slow spells
 
 1. zoo kernels (tiers 0 and 1 of :mod:`predictors.sampling`) in priority order, with at most
    ``zoo_budget_share`` of the budget (a variant whose kernels are all measured is not extracted again, unless
-   it was extracted by an older :data:`PIPELINE_VERSION`: then its graph, kernel keys and stored features are
-   refreshed, and kernels the compiler now makes differently are measured);
+   it was extracted by an older :data:`predictors.versions.PIPELINE_VERSION`: then its graph, kernel keys and
+   stored features are refreshed, and kernels the compiler now makes differently are measured);
 2. whole-model latency of every variant whose kernels are all measured (deployment pipeline, ``vm["main"]``,
    the profiler's timing protocol and canary);
 3. a retest of ``retest_count`` measured kernels (the test-retest noise floor);
@@ -33,7 +33,7 @@ import numpy as np
 
 from hetpart.errors import HetpartError
 from predictors import sampling
-from predictors.kernel_mapping import ALIGNMENT_VERSION, ModelKernels, map_kernels
+from predictors.kernel_mapping import ModelKernels, map_kernels
 from predictors.model_db import ModelDatabase
 from predictors.model_timing import import_variant, measure_model, model_windows, release_memory
 from predictors.profiler import KernelProfiler
@@ -41,14 +41,9 @@ from predictors.workloads import KernelWorkload
 from predictors.profiling_run import ProfileRunSummary, profile_workloads
 from predictors.store import ProfileStore, feature_identity
 from predictors.synthetic_modules import build_synthetic_module
-from tvm_passes.extract import EXTRACTOR_VERSION
-from tvm_passes.schedules import RULES_VERSION
+from predictors.versions import PIPELINE_VERSION
 
 logger = logging.getLogger(__name__)
-
-# What made a stored graph, its features and its kernel keys (feature extractor, CPU rules, kernel <-> node
-# pairing); a stored variant or synthetic spec of another version is extracted again.
-PIPELINE_VERSION = f"extract-{EXTRACTOR_VERSION}.rules-{RULES_VERSION}.align-{ALIGNMENT_VERSION}"
 
 
 def candidates_of(kernels: ModelKernels, tier: int) -> list[sampling.Candidate]:

@@ -48,7 +48,7 @@ def test_a_size_at_the_edge_is_decided_by_its_median_over_repeated_curves():
 
 
 def test_the_database_keeps_the_probe_of_its_own_host(tmp_path, monkeypatch):
-    import hetpart.compiler as compiler
+    from predictors import registry
     from tests.predictors.test_zoo_profile import TARGET, build_fake_db
 
     db = tmp_path / "p.sqlite"
@@ -57,13 +57,13 @@ def test_the_database_keeps_the_probe_of_its_own_host(tmp_path, monkeypatch):
     probes = []
     fake = lambda size_mib: probes.append(size_mib) or (30e9 if size_mib <= 16 else 10e9)   # noqa: E731
     monkeypatch.setattr(cache_probe, "last_level_cache_bytes", lambda: 32 * MIB)
-    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "othercpu")
+    monkeypatch.setattr(registry, "host_cpu_name", lambda: "othercpu")
     assert effective_cache_bytes_for_db(db, db_cpu, probe=fake) is None and not probes   # another CPU: no probe
-    monkeypatch.setattr(compiler, "host_cpu_name", lambda: db_cpu)
+    monkeypatch.setattr(registry, "host_cpu_name", lambda: db_cpu)
     assert effective_cache_bytes_for_db(db, db_cpu, probe=fake) == 16 * MIB
     assert probes and max(probes) == 64                    # up to twice sysfs' 32 MiB
     probes.clear()
-    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "othercpu")
+    monkeypatch.setattr(registry, "host_cpu_name", lambda: "othercpu")
     assert effective_cache_bytes_for_db(db, db_cpu, probe=fake) == 16 * MIB and not probes   # stored, any host
     with ModelDatabase(db) as models:
         assert models.meta("effective_cache_bytes") == str(16 * MIB)
@@ -82,7 +82,7 @@ def test_the_bound_is_sysfs_when_the_probe_lies_within_the_smallest_share_of_it(
 
 
 def test_a_database_probed_without_sysfs_takes_this_hosts_only_when_it_has_the_databases_cpu(tmp_path, monkeypatch):
-    import hetpart.compiler as compiler
+    from predictors import registry
     from tests.predictors.test_zoo_profile import TARGET, build_fake_db
 
     db = tmp_path / "p.sqlite"
@@ -91,11 +91,11 @@ def test_a_database_probed_without_sysfs_takes_this_hosts_only_when_it_has_the_d
     with ModelDatabase(db) as models:            # probed before sysfs's size was stored with it
         models.put_meta("effective_cache_bytes", str(8 * MIB))
     monkeypatch.setattr(cache_probe, "last_level_cache_bytes", lambda: 32 * MIB)
-    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "othercpu")
+    monkeypatch.setattr(registry, "host_cpu_name", lambda: "othercpu")
     assert cache_sizes_for_db(db, db_cpu) == cache_probe.CacheSizes(8 * MIB, None, 8 * MIB)
-    monkeypatch.setattr(compiler, "host_cpu_name", lambda: db_cpu)
+    monkeypatch.setattr(registry, "host_cpu_name", lambda: db_cpu)
     assert cache_sizes_for_db(db, db_cpu) == cache_probe.CacheSizes(8 * MIB, 32 * MIB, 32 * MIB)
-    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "othercpu")        # now stored: any host
+    monkeypatch.setattr(registry, "host_cpu_name", lambda: "othercpu")        # now stored: any host
     assert cache_sizes_for_db(db, db_cpu).bound_bytes == 32 * MIB
 
 

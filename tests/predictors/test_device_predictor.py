@@ -43,7 +43,7 @@ def test_device_predictor_round_trips_json_exactly(fitted_predictor, tmp_path):
 
 def test_thread_count_survives_json_and_a_mismatched_deployment_is_warned(fitted_predictor, tmp_path, monkeypatch,
                                                                           caplog):
-    from hetpart.compiler import load_cpu_predictor
+    from predictors.registry import load_cpu_predictor
 
     predictor, nodes = fitted_predictor
     predictor.num_threads = 2
@@ -51,18 +51,18 @@ def test_thread_count_survives_json_and_a_mismatched_deployment_is_warned(fitted
     predictor.save(tmp_path / "cpu.json")
     assert DevicePredictor.load(tmp_path / "cpu.json").provenance()["num_threads"] == 2
     monkeypatch.setenv("TVM_NUM_THREADS", "2")
-    with caplog.at_level("WARNING", logger="hetpart.compiler"):
+    with caplog.at_level("WARNING", logger="predictors.registry"):
         load_cpu_predictor(tmp_path / "cpu.json")
     assert not caplog.records
     monkeypatch.setenv("TVM_NUM_THREADS", "1")
-    with caplog.at_level("WARNING", logger="hetpart.compiler"):
+    with caplog.at_level("WARNING", logger="predictors.registry"):
         # not scaled: the host calibration would start TVM's thread pool with 1 thread for the rest of this process
         load_cpu_predictor(tmp_path / "cpu.json", scale_to_host=False)
     assert "timed with 2 TVM thread(s); this deployment runs 1" in caplog.text
 
 
 def _current_pipeline() -> str:
-    from predictors.zoo_profile import PIPELINE_VERSION
+    from predictors.versions import PIPELINE_VERSION
 
     return PIPELINE_VERSION
 
@@ -72,7 +72,7 @@ def test_a_predictor_fitted_on_kernels_of_older_cpu_rules_is_warned_and_noted(fi
     fitted on them says so in a warning and in the report's cost note; one of today's rules says nothing."""
     import copy
 
-    import hetpart.compiler as compiler
+    from predictors import registry
     from tvm_passes.schedules import RULES_VERSION
 
     predictor = copy.deepcopy(fitted_predictor[0])
@@ -83,13 +83,13 @@ def test_a_predictor_fitted_on_kernels_of_older_cpu_rules_is_warned_and_noted(fi
         predictor.fit_info["training"] = {} if pipelines is None else {"pipeline_versions": pipelines}
         predictor.save(tmp_path / f"{name}.json")
         caplog.clear()
-        with caplog.at_level("WARNING", logger="hetpart.compiler"):
-            loaded = compiler.load_cpu_predictor(tmp_path / f"{name}.json", scale_to_host=False)
-        note = compiler.cpu_cost_note(loaded, tmp_path / f"{name}.json")
+        with caplog.at_level("WARNING", logger="predictors.registry"):
+            loaded = registry.load_cpu_predictor(tmp_path / f"{name}.json", scale_to_host=False)
+        note = registry.cpu_cost_note(loaded, tmp_path / f"{name}.json")
         stale = name != "current"
         assert ("this hetpart compiles v" in caplog.text) is stale and ("costs of the kernels" in note) is stale
         if name == "older":
-            assert compiler.predictor_rules_version(loaded) == RULES_VERSION - 1
+            assert registry.predictor_rules_version(loaded) == RULES_VERSION - 1
             assert f"CPU rules v{RULES_VERSION - 1}" in note
     # a fit records the pipeline its database's kernels were compiled by
     import sqlite3
@@ -102,7 +102,7 @@ def test_a_predictor_fitted_on_kernels_of_older_cpu_rules_is_warned_and_noted(fi
         conn.execute("UPDATE hetpart_model_variants SET pipeline_version = ?", (_current_pipeline(),))
     fitted, info = fit_from_db(tmp_path / "p.sqlite")
     assert info["pipeline_versions"] == [_current_pipeline()]
-    assert compiler.predictor_rules_version(fitted) == RULES_VERSION
+    assert registry.predictor_rules_version(fitted) == RULES_VERSION
 
 
 def test_measured_kernels_are_predicted_by_their_label_and_others_by_the_models(tmp_path):
@@ -233,7 +233,7 @@ def test_convolutions_are_modelled_per_batch_element_with_the_batch_as_a_feature
 
 def test_shipped_cpu_predictor_loads_with_this_feature_schema():
     """The predictor in predictors/data must be refitted whenever the features or the file format change."""
-    from hetpart.compiler import default_cpu_predictor_path
+    from predictors.registry import default_cpu_predictor_path
     from tests.predictors.synthetic_kernels import conv_node
 
     shipped = DevicePredictor.load(default_cpu_predictor_path())
@@ -247,7 +247,7 @@ def test_shipped_cpu_predictor_loads_with_this_feature_schema():
 def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features(fitted_predictor, tmp_path):
     """Schema 7 added the batch to conv2d's features; schema-6 files (the shipped Zen 5 predictor, whose database
     is gone) keep predicting with the 9 conv features they were fitted on, and stay schema 6 when saved again."""
-    from hetpart.compiler import DEFAULT_CPU_PREDICTOR, cpu_predictor_path_for
+    from predictors.registry import DEFAULT_CPU_PREDICTOR, cpu_predictor_path_for
     from tests.predictors.synthetic_kernels import conv_node
 
     assert "batch" in KIND_FEATURES["conv2d"] and "batch" not in KIND_FEATURES_BY_SCHEMA[6]["conv2d"]
@@ -275,7 +275,7 @@ def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features
 
 def test_every_shipped_cpu_predictor_is_named_for_the_cpu_it_was_measured_on():
     """predictors/data/cpu_<mcpu>.json is chosen on a host whose CPU is <mcpu>: the name must be the truth."""
-    from hetpart.compiler import cpu_predictor_path_for, default_cpu_predictor_path
+    from predictors.registry import cpu_predictor_path_for, default_cpu_predictor_path
 
     shipped = sorted(cpu_predictor_path_for("x").parent.glob("cpu_*.json"))
     assert len(shipped) >= 2
@@ -294,23 +294,26 @@ def test_a_predictor_from_another_cpu_is_warned_and_fit_writes_one_for_this_cpu(
     import argparse
     import copy
 
-    import hetpart.compiler as compiler
     from hetpart import cli_predictors
+    from predictors import host_calibration, registry
     from tests.predictors.test_zoo_profile import build_fake_db
 
     predictor = copy.deepcopy(fitted_predictor[0])                    # the fixture is shared by the module
     predictor.target, predictor.num_threads = {"kind": "llvm", "mcpu": "znver5"}, None   # no thread warning
     predictor.fit_info["training"] = {"pipeline_versions": [_current_pipeline()]}      # nor a rules warning
     predictor.save(tmp_path / "cpu.json")
+    # the calibration suite is not timed here (tests/predictors/test_host_calibration.py covers it)
+    monkeypatch.setattr(host_calibration, "calibrate_to_host", lambda base, host, threads: (
+        base, host_calibration.HostCalibration("none-fallback", None, None, "not timed in this test")))
     for host, warned in (("znver5", False), ("znver4", True)):
-        monkeypatch.setattr(compiler, "host_cpu_name", lambda host=host: host)
+        monkeypatch.setattr(registry, "host_cpu_name", lambda host=host: host)
         caplog.clear()
-        with caplog.at_level("WARNING", logger="hetpart.compiler"):
-            compiler.load_cpu_predictor(tmp_path / "cpu.json")
+        with caplog.at_level("WARNING", logger="predictors.registry"):
+            registry.load_cpu_predictor(tmp_path / "cpu.json")
         assert ("measured on a znver5 CPU; this host is a znver4" in caplog.text) is warned
         assert ("cpu_znver4.json" in caplog.text) is warned           # where `hetpart fit` will put this host's
     # `hetpart fit` without -o writes the file the loader picks on this host
-    monkeypatch.setattr(compiler, "cpu_predictor_path_for", lambda name: tmp_path / f"cpu_{name}.json")
+    monkeypatch.setattr(registry, "cpu_predictor_path_for", lambda name: tmp_path / f"cpu_{name}.json")
     db = tmp_path / "p.sqlite"
     build_fake_db(db)
     parser = argparse.ArgumentParser()
@@ -318,7 +321,7 @@ def test_a_predictor_from_another_cpu_is_warned_and_fit_writes_one_for_this_cpu(
     args = parser.parse_args(["fit", "--db", str(db)])
     assert args.func(args) == 0
     assert (tmp_path / "cpu_znver4.json").exists()
-    assert compiler.default_cpu_predictor_path("znver4") == tmp_path / "cpu_znver4.json"
+    assert registry.default_cpu_predictor_path("znver4") == tmp_path / "cpu_znver4.json"
 
 
 def test_kind_models_leave_the_schema_s_excluded_features_out_of_the_correction():

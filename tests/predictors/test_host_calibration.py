@@ -1,18 +1,26 @@
-"""Host calibration: a CPU predictor used on another CPU (or thread count) is scaled by a suite timed on the host."""
+"""Host calibration: a CPU predictor used on another CPU (or thread count) is scaled by a suite timed on the host;
+only a sweep timed on a quiet host is kept or used, and a busy host leaves the predictor unscaled, never failing."""
 import copy
+import datetime
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from hetpart.errors import PredictorError
-from predictors import host_calibration
+from predictors import host_calibration, host_load, registry
 from predictors.context import ContextTerms
 from predictors.device_predictor import DevicePredictor
-from predictors.host_calibration import (CalibrationKernel, HostScaledPredictor, measure_suite, scale_by_suite,
-                                         suite_cache_path, suite_speed_ratio)
+from predictors.host_calibration import (CalibrationKernel, HostCalibration, HostScaledPredictor, SuiteTiming,
+                                         measure_suite, scale_by_suite, suite_cache_path, suite_speed_ratio,
+                                         time_suite)
+from predictors.host_load import SweepJudgement, judge_sweep
 from predictors.sampling import SyntheticSpec
 from tests.predictors.synthetic_kernels import random_kernels, synthetic_latency_us
+
+SMALL_SUITE = (SyntheticSpec.of("add_relu", n=1, c=16, hw=28), SyntheticSpec.of("matmul", m=8, k=64, n=64))
+MEASURED_AT = "2025-01-02T03:04:05+00:00"
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +30,20 @@ def fitted():
     predictor = DevicePredictor(device="cpu", target={"kind": "llvm", "mcpu": "znver5"}, num_threads=2)
     predictor.fit(nodes, synthetic_latency_us(nodes, rng, 0.02))
     predictor.context = ContextTerms(1.5, 30.0, 2 ** 24)
-    from predictors.zoo_profile import PIPELINE_VERSION
+    from predictors.versions import PIPELINE_VERSION
 
     # kernels of today's CPU rules: no stale-rules warning mixes with the ones these tests look for
     predictor.fit_info["training"] = {"canary_reference_us": 70.0, "pipeline_versions": [PIPELINE_VERSION]}
     return predictor, nodes
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Every test keeps calibrations in its own directory and starts with none in the process."""
+    monkeypatch.setenv("HETPART_CACHE_DIR", str(tmp_path / "cache"))
+    host_calibration.forget_timings()
+    yield
+    host_calibration.forget_timings()
 
 
 def _calibration(predictor, nodes, factors):
@@ -60,94 +77,277 @@ def test_every_prediction_is_multiplied_by_the_ratio(fitted):
         HostScaledPredictor(predictor, 0.0, {})
 
 
-SMALL_SUITE = (SyntheticSpec.of("add_relu", n=1, c=16, hw=28), SyntheticSpec.of("matmul", m=8, k=64, n=64))
+# ------------------------------------------------------------------------------------ judging a sweep
+def _rows(*specs):
+    return [SimpleNamespace(status=status, canary_us=canary) for status, canary in specs]
+
+
+def test_a_sweep_is_clean_only_when_every_window_was_quiet():
+    quiet = _rows(("ok", 100.0), ("ok", 104.0), ("ok", 99.0))
+    assert judge_sweep(quiet, 100.0, 0.08, 0.05, cpus=2, threads=2).clean
+    assert judge_sweep(quiet, 100.0, 0.08, None, cpus=2, threads=2).clean         # no /proc/stat: canary only
+    # a timing the profiler rejected (contended in every window, or noisy)
+    rejected = judge_sweep(_rows(("ok", 100.0), ("rejected_noisy", 180.0)), 100.0, 0.08, 0.0, 2, 2)
+    assert not rejected.clean and "1 of 2 kernel timings were rejected" in rejected.reasons[0]
+    # a window accepted early in the sweep whose canary the sweep's final reference shows was slow
+    late = judge_sweep(_rows(("ok", 100.0), ("ok", 125.0)), 100.0, 0.08, 0.0, 2, 2)
+    assert not late.clean and "ran the canary up to 1.25x the sweep's reference 100 us" in late.reasons[0]
+    # busy all along: every canary equally slow passes the relative checks, the other processes' load does not
+    busy = judge_sweep(quiet, 100.0, 0.08, 1.1, cpus=2, threads=2)
+    assert not busy.clean and "other processes kept 1.10 of this host's 2 core(s) busy" in busy.reasons[0]
+    # other processes on cores the suite's threads do not need leave it clean
+    assert judge_sweep(quiet, 100.0, 0.08, 5.0, cpus=8, threads=2).clean
+    assert not judge_sweep(quiet, 100.0, 0.08, 6.5, cpus=8, threads=2).clean
+
+
+def test_other_processes_load_is_read_from_proc_stat(tmp_path, monkeypatch):
+    cpus = sorted(host_load.os.sched_getaffinity(0))
+    tick_s = 1.0 / host_load.os.sysconf("SC_CLK_TCK")
+
+    def stat(busy_ticks_per_cpu):      # user nice system idle iowait irq softirq steal
+        return "cpu  1 2 3 4 5 6 7 8 0 0\n" + "".join(
+            f"cpu{c} {busy_ticks_per_cpu - 30} 0 20 999 7 4 3 3 0 0\n" for c in cpus)
+
+    monkeypatch.setattr(host_load, "PROC_STAT", tmp_path / "stat")
+    (tmp_path / "stat").write_text(stat(100))
+    start = host_load.cpu_use_now()
+    assert start is not None and start.cpus == len(cpus)
+    assert start.busy_s == pytest.approx(len(cpus) * 100 * tick_s)        # idle and iowait are not busy
+    end = host_load.CpuUse(start.wall_s + 2.0, start.busy_s + 3.0, start.own_s + 1.0, start.cpus)
+    assert host_load.other_load_cores(start, end) == pytest.approx(1.0)   # 3 s busy, 1 s of it ours, over 2 s
+    assert host_load.other_load_cores(None, end) is None
+    (tmp_path / "stat").write_text("cpu  1 2 3 4 5 6 7 8 0 0\n")          # no per-CPU lines: cannot tell
+    assert host_load.cpu_use_now() is None
+
+
+# ------------------------------------------------------------------------------------ fake sweeps
+@pytest.fixture(scope="module")
+def small_workloads():
+    """The deployment kernels of SMALL_SUITE (built once; nothing is timed)."""
+    from predictors.profiler import KernelProfiler
+
+    return host_calibration._suite_workloads(SMALL_SUITE, KernelProfiler("cpu"))
+
+
+class FakeSweep:
+    """Injects the profiler's verdicts and the other processes' load into :func:`time_suite`."""
+
+    def __init__(self, monkeypatch, workloads):
+        from predictors.profiler import KernelProfiler
+
+        self.status, self.canary_us, self.other_cores, self.measured = "ok", 100.0, 0.05, 0
+        self.busy_before = None
+        monkeypatch.setattr(host_calibration, "busy_reason_now", lambda threads: self.busy_before)
+        monkeypatch.setattr(host_calibration, "_suite_workloads", lambda specs, profiler: workloads)
+        monkeypatch.setattr(host_calibration, "_pool_threads", lambda: 2)
+        monkeypatch.setattr(host_calibration, "host_cpus", lambda: 2)
+        monkeypatch.setattr(host_calibration, "other_load_cores", lambda start, end: self.other_cores)
+        monkeypatch.setattr(KernelProfiler, "canary_reference_us", property(lambda profiler: 100.0))
+        monkeypatch.setattr(KernelProfiler, "measure", lambda profiler, workload: self._row(workload))
+
+    def _row(self, workload):
+        from predictors.store import Measurement
+
+        self.measured += 1
+        status = self.status(workload) if callable(self.status) else self.status
+        timed = status != "failed"
+        median_us = 10.0 * self.measured if timed else None
+        return Measurement(key_hash=workload.key_hash, workload_key=workload.workload_key, kernel_name=workload.name,
+                           device="cpu", target="llvm", tvm_version="x", num_threads=2, canary_kernel="c",
+                           features=workload.features, session_id="s", canary_us=self.canary_us if timed else None,
+                           median_us=median_us, mad_us=0.0 if timed else None, spread=0.0 if timed else None,
+                           n_repeats=7 if timed else 0, number=1, samples_us=(median_us,) * 7 if timed else (),
+                           status=status, error="" if status == "ok" else "contended", timestamp_s=0.0)
+
+
+@pytest.fixture
+def sweep(monkeypatch, small_workloads):
+    return FakeSweep(monkeypatch, small_workloads)
 
 
 @pytest.mark.tvm
-def test_the_suite_is_timed_once_per_host_and_kept(tmp_path, monkeypatch):
-    from predictors.profiler import num_threads
-
-    monkeypatch.setenv("HETPART_CACHE_DIR", str(tmp_path))
-    measure_suite.cache_clear()
-    threads = num_threads()
-    kernels = measure_suite("somecpu", threads, SMALL_SUITE)
-    assert [k.name.split("/")[0] for k in kernels] == [s.name for s in SMALL_SUITE]
-    assert all(0.05 < k.host_us < 1e5 for k in kernels)
-    assert kernels[1].node.flops == 2 * 8 * 64 * 64 + 8 * 64       # the kernel's features, as profiled (bias add)
-    path = suite_cache_path("somecpu", threads, SMALL_SUITE)
-    assert path.parent == tmp_path / "calibration" and json.loads(path.read_text())["num_threads"] == threads
+def test_a_clean_sweep_is_cached_with_when_it_was_measured_and_reused(sweep, monkeypatch):
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    timing = time_suite("somecpu", 2, SMALL_SUITE)
+    assert timing.clean and timing.origin == "fresh" and sweep.measured == 2 * len(SMALL_SUITE)
+    assert [k.name.split("/")[0] for k in timing.kernels] == [s.name for s in SMALL_SUITE]
+    assert [k.host_us for k in timing.kernels] == [10.0, 20.0]          # each kernel's lower pass
+    assert timing.kernels[1].node.flops == 2 * 8 * 64 * 64 + 8 * 64      # the kernel's features (bias add)
+    saved = json.loads(suite_cache_path("somecpu", 2, SMALL_SUITE).read_text())
+    measured_at = datetime.datetime.fromisoformat(saved["measured_at"])
+    assert measured_at.utcoffset() == datetime.timedelta(0) and measured_at >= before
+    assert saved["measured_at"] == timing.measured_at and saved["num_threads"] == 2
+    assert saved["judgement"] == {"clean": True, "reasons": [], "canary_reference_us": 100.0,
+                                  "other_load_cores": 0.05}
+    assert time_suite("somecpu", 2, SMALL_SUITE) is timing                # kept for the process
     # a new process reads the file instead of timing again
-    measure_suite.cache_clear()
-    monkeypatch.setattr("predictors.profiler.KernelProfiler.measure", lambda *a: pytest.fail("timed again"))
-    assert measure_suite("somecpu", threads, SMALL_SUITE) == kernels
-    # another thread count than TVM's pool cannot be timed here
-    with pytest.raises(PredictorError, match="TVM's pool runs"):
-        measure_suite("somecpu", threads + 1, SMALL_SUITE)
-    measure_suite.cache_clear()
+    host_calibration.forget_timings()
+    sweep.status = lambda workload: pytest.fail("timed again")
+    again = time_suite("somecpu", 2, SMALL_SUITE)
+    assert again.origin == "cached" and again.kernels == timing.kernels and again.measured_at == timing.measured_at
+    assert measure_suite("somecpu", 2, SMALL_SUITE) == timing.kernels
 
 
-def test_an_unreadable_calibration_file_is_measured_again(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("HETPART_CACHE_DIR", str(tmp_path))
+@pytest.mark.tvm
+@pytest.mark.parametrize("busy", ["busy_before", "other_load", "rejected", "late_canary"])
+def test_a_busy_sweep_is_neither_kept_nor_accepted(sweep, busy):
+    if busy == "busy_before":
+        sweep.busy_before = "other processes kept 1.90 of this host's 2 core(s) busy before the suite started"
+    elif busy == "other_load":
+        sweep.other_cores = 1.4                       # every canary equally slow: only the load shows it
+    elif busy == "rejected":
+        sweep.status = lambda workload: "rejected_noisy" if "matmul" in workload.name else "ok"
+    else:
+        sweep.canary_us = 140.0                       # above the sweep's final reference (100 us)
+    timing = time_suite("busycpu", 2, SMALL_SUITE)
+    assert not timing.clean and timing.origin == "fresh" and timing.judgement.reasons
+    assert not suite_cache_path("busycpu", 2, SMALL_SUITE).exists()
+    timed = sweep.measured
+    expected = {"busy_before": 0, "rejected": 1 + [s.name for s in SMALL_SUITE].index(
+        next(s.name for s in SMALL_SUITE if "matmul" in s.name))}.get(busy, 2 * len(SMALL_SUITE))
+    assert timed == expected, "a busy host is not timed further than needed to know it is busy"
+    with pytest.raises(PredictorError, match="is not clean"):
+        measure_suite("busycpu", 2, SMALL_SUITE)      # the busy verdict is reused for a while, not timed again
+    assert sweep.measured == timed
+    host_calibration.forget_timings()
+    assert not time_suite("busycpu", 2, SMALL_SUITE).clean and sweep.measured == 2 * timed
+
+
+@pytest.mark.tvm
+def test_too_few_kernels_built_refuse_to_scale(sweep):
+    sweep.status = "failed"                           # a build failure is not contention: the sweep stays clean
+    with pytest.raises(PredictorError, match="only 0 of the 2 calibration kernels could be built"):
+        time_suite("brokencpu", 2, SMALL_SUITE)
+    assert not suite_cache_path("brokencpu", 2, SMALL_SUITE).exists()
+
+
+def test_an_unreadable_or_unjudged_calibration_file_is_measured_again(tmp_path, caplog):
     path = suite_cache_path("somecpu", 2, SMALL_SUITE)
     path.parent.mkdir(parents=True)
-    path.write_text('{"kernels": [{"name": "x"}]}')
-    with caplog.at_level("WARNING", logger="predictors.host_calibration"):
-        assert host_calibration._load_cached(path) is None
-    assert "unreadable host calibration" in caplog.text
+    kernel = {"name": "k", "node": random_kernels(np.random.default_rng(0), 1, ("matmul",))[0].to_dict(),
+              "host_us": 5.0}
+    for content in ('{"kernels": [{"name": "x"}]}',
+                    json.dumps({"kernels": [kernel]}),                                     # no time, no judgement
+                    json.dumps({"format": host_calibration.CACHE_FORMAT, "measured_at": MEASURED_AT,
+                                "judgement": {"clean": False}, "kernels": [kernel]})):   # never written, but refused
+        path.write_text(content)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="predictors.host_calibration"):
+            assert host_calibration._load_cached(path) is None
+        assert "unreadable host calibration" in caplog.text
 
 
-def test_too_few_clean_timings_refuse_to_scale(tmp_path, monkeypatch):
+@pytest.mark.tvm
+def test_the_real_suite_is_timed_and_kept_only_when_clean(monkeypatch):
+    """Really times two small kernels: on a busy host the sweep is unclean and not kept, which is right too."""
     from predictors.profiler import num_threads
-    from predictors.store import Measurement
 
-    monkeypatch.setenv("HETPART_CACHE_DIR", str(tmp_path))
-    measure_suite.cache_clear()
+    threads = num_threads()
+    timing = time_suite("somecpu", threads, SMALL_SUITE)
+    assert set(k.name.split("/")[0] for k in timing.kernels) <= {s.name for s in SMALL_SUITE}
+    assert all(k.host_us > 0 for k in timing.kernels)
+    path = suite_cache_path("somecpu", threads, SMALL_SUITE)
+    assert path.exists() is timing.clean
+    if timing.clean:
+        assert len(timing.kernels) == len(SMALL_SUITE) and json.loads(path.read_text())["num_threads"] == threads
+        host_calibration.forget_timings()
+        monkeypatch.setattr("predictors.profiler.KernelProfiler.measure", lambda *a: pytest.fail("timed again"))
+        assert time_suite("somecpu", threads, SMALL_SUITE).kernels == timing.kernels
+    else:
+        assert timing.judgement.reasons
+    # another thread count than TVM's pool cannot be timed here
+    with pytest.raises(PredictorError, match="TVM's pool runs"):
+        time_suite("somecpu", threads + 1, SMALL_SUITE)
 
-    def contended(self, workload):
-        return Measurement(key_hash=workload.key_hash, workload_key=workload.workload_key, kernel_name=workload.name,
-                           device="cpu", target="llvm", tvm_version="x", num_threads=num_threads(),
-                           canary_kernel="c", features=workload.features, session_id="s", canary_us=None,
-                           median_us=None, mad_us=None, spread=None, n_repeats=0, number=0, samples_us=(),
-                           status="rejected_noisy", error="contended", timestamp_s=0.0)
 
-    monkeypatch.setattr("predictors.profiler.KernelProfiler.measure", contended)
-    with pytest.raises(PredictorError, match="only 0 of the 2 calibration kernels"):
-        measure_suite("busycpu", num_threads(), SMALL_SUITE)
-    assert not suite_cache_path("busycpu", num_threads(), SMALL_SUITE).exists()
-    measure_suite.cache_clear()
+# ------------------------------------------------------------------------------------ compile-level behaviour
+def _timing(suite, origin, clean=True):
+    reasons = () if clean else ("other processes kept 1.40 of this host's 2 core(s) busy on average",)
+    return SuiteTiming(tuple(suite), MEASURED_AT, origin, SweepJudgement(reasons, 100.0, 1.4 if reasons else 0.0))
 
 
-def test_compile_scales_a_foreign_predictor_and_says_so(fitted, tmp_path, monkeypatch, caplog):
-    import hetpart.compiler as compiler
-
+@pytest.fixture
+def foreign(fitted, tmp_path, monkeypatch):
+    """A znver5 predictor loaded on a "znver4" host running 2 threads; returns (predictor, nodes, path, suite)."""
     predictor, nodes = fitted
     predictor.save(tmp_path / "cpu.json")
-    loaded_base = DevicePredictor.load(tmp_path / "cpu.json")
-    suite = _calibration(loaded_base, nodes, [0.25, 1.0])                            # a host twice as fast
-    monkeypatch.setattr(host_calibration, "measure_suite", lambda host, threads: suite)
+    suite = _calibration(DevicePredictor.load(tmp_path / "cpu.json"), nodes, [0.25, 1.0])   # twice as fast
     monkeypatch.setenv("TVM_NUM_THREADS", "2")
-    for host, scaled in (("znver5", False), ("znver4", True)):
-        monkeypatch.setattr(compiler, "host_cpu_name", lambda host=host: host)
-        caplog.clear()
-        with caplog.at_level("WARNING", logger="hetpart.compiler"):
-            loaded = compiler.load_cpu_predictor(tmp_path / "cpu.json")
-        assert isinstance(loaded, HostScaledPredictor) is scaled
-        if scaled:
-            np.testing.assert_allclose(loaded.predict(nodes), 0.5 * predictor.predict(nodes))
-            assert "its CPU costs are scaled x0.50 by a calibration suite" in caplog.text
-            note = compiler.cpu_cost_note(loaded, tmp_path / "cpu.json")
-            assert "measured on a znver5 CPU" in note and "scaled x0.50 to this host" in note
-            assert "over 2 calibration kernels timed here with 2 thread(s) (x0.25 to x1.00 per kernel)" in note
-        else:
-            assert not caplog.records
+    monkeypatch.setattr(registry, "host_cpu_name", lambda: "znver4")
+    return predictor, nodes, tmp_path / "cpu.json", suite
+
+
+@pytest.mark.parametrize("origin", ["fresh", "cached"])
+def test_compile_scales_a_foreign_predictor_by_a_clean_calibration_and_says_which(foreign, monkeypatch, caplog,
+                                                                                 origin):
+    predictor, nodes, path, suite = foreign
+    monkeypatch.setattr(host_calibration, "time_suite", lambda host, threads: _timing(suite, origin))
+    with caplog.at_level("WARNING", logger="predictors.registry"):
+        loaded = registry.load_host_cpu_predictor(path)
+    assert isinstance(loaded.predictor, HostScaledPredictor)
+    np.testing.assert_allclose(loaded.predictor.predict(nodes), 0.5 * predictor.predict(nodes))
+    assert loaded.calibration == HostCalibration(origin, pytest.approx(0.5), MEASURED_AT)
+    assert len(caplog.records) == 1 and "\n" not in caplog.text.strip()
+    assert "measured on a znver5 CPU; this host is a znver4: its CPU costs are scaled x0.50 by a calibration " \
+           f"suite timed here ({origin} calibration, suite timed {MEASURED_AT})" in caplog.text
+    note = loaded.cost_note()
+    assert "measured on a znver5 CPU" in note and "this host's CPU: znver4" in note
+    assert f"scaled x0.50 to this host (calibration: {origin}, suite timed {MEASURED_AT}): the geometric mean" in note
+    assert "over 2 calibration kernels timed here with 2 thread(s) (x0.25 to x1.00 per kernel)" in note
+    assert registry.cpu_cost_note(loaded.predictor, path) == note     # the scaled predictor knows its calibration
+    assert loaded.predictor.provenance()["host_scaling"]["measured_at"] == MEASURED_AT
+
+
+def test_a_busy_host_leaves_the_predictor_unscaled_with_one_warning(foreign, monkeypatch, caplog):
+    predictor, nodes, path, suite = foreign
+    suite = _calibration(predictor, nodes, [4.0, 4.0])             # what contention would have made of the ratio
+    monkeypatch.setattr(host_calibration, "time_suite", lambda host, threads: _timing(suite, "fresh", clean=False))
+    with caplog.at_level("WARNING", logger="predictors.registry"):
+        loaded = registry.load_host_cpu_predictor(path)
+    assert isinstance(loaded.predictor, DevicePredictor)
+    np.testing.assert_allclose(loaded.predictor.predict(nodes), predictor.predict(nodes))
+    assert loaded.calibration.status == "none-fallback" and loaded.calibration.speed_ratio == pytest.approx(4.0)
+    [record] = caplog.records
+    text = record.getMessage()
+    assert "\n" not in text and "its CPU costs are not scaled, because the host was busy" in text
+    assert "other processes kept 1.40" in text and "ratio x4.00 was neither used nor kept" in text
+    assert "Compile again when the host is quiet" in text and "cpu_znver4.json" in text
+    note = loaded.cost_note()
+    assert (f"not scaled to this host (calibration: none-fallback, suite timed {MEASURED_AT}, its unused ratio "
+            "x4.00): the host was busy") in note
+
+
+def test_a_suite_that_cannot_be_timed_leaves_the_predictor_unscaled(foreign, monkeypatch, caplog):
+    predictor, nodes, path, suite = foreign
+
+    def fails(host, threads):
+        raise PredictorError("TVM's pool runs 1 thread(s).")
+
+    monkeypatch.setattr(host_calibration, "time_suite", fails)
+    with caplog.at_level("WARNING", logger="predictors.registry"):
+        loaded = registry.load_host_cpu_predictor(path)
+    assert isinstance(loaded.predictor, DevicePredictor) and len(caplog.records) == 1
+    assert "not scaled, because the calibration suite could not be timed: TVM's pool runs 1 thread(s). " \
+           "Profile and fit on this host" in caplog.text
+    assert "(calibration: none-fallback, no suite timed): the calibration suite could not be timed" in \
+           loaded.cost_note()
+
+
+def test_a_predictor_of_this_cpu_needs_no_calibration_and_scaling_can_be_declined(foreign, monkeypatch, caplog):
+    predictor, nodes, path, suite = foreign
+    monkeypatch.setattr(host_calibration, "time_suite", lambda host, threads: _timing(suite, "fresh"))
+    monkeypatch.setattr(registry, "host_cpu_name", lambda: "znver5")
+    with caplog.at_level("WARNING", logger="predictors.registry"):
+        native = registry.load_host_cpu_predictor(path)
+    assert isinstance(native.predictor, DevicePredictor) and native.calibration is None and not caplog.records
+    assert "calibration" not in native.cost_note() and "scaled" not in native.cost_note()
     # kernels timed with another thread count than the deployment's are scaled as well, on the same CPU
     single = copy.deepcopy(predictor)
     single.num_threads = 1
-    single.save(tmp_path / "cpu_1thread.json")
-    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "znver5")
-    assert isinstance(compiler.load_cpu_predictor(tmp_path / "cpu_1thread.json"), HostScaledPredictor)
+    single.save(path.with_name("cpu_1thread.json"))
+    assert isinstance(registry.load_cpu_predictor(path.with_name("cpu_1thread.json")), HostScaledPredictor)
     caplog.clear()
-    monkeypatch.setattr(compiler, "host_cpu_name", lambda: "znver4")
-    with caplog.at_level("WARNING", logger="hetpart.compiler"):
-        unscaled = compiler.load_cpu_predictor(tmp_path / "cpu.json", scale_to_host=False)
-    assert isinstance(unscaled, DevicePredictor) and "its CPU costs are not scaled" in caplog.text
+    monkeypatch.setattr(registry, "host_cpu_name", lambda: "znver4")
+    with caplog.at_level("WARNING", logger="predictors.registry"):
+        unscaled = registry.load_cpu_predictor(path, scale_to_host=False)
+    assert isinstance(unscaled, DevicePredictor) and "its CPU costs are not scaled." in caplog.text
