@@ -1,25 +1,39 @@
 """The readable side of a compile: report.md / report.html, a Gantt chart and the graph coloured by device.
 
-Everything here is derived from the planning graph, its CostTable, the chosen Plan and the simulator's
-Timelines; nothing is measured here. Predicted numbers are labelled with the source of their costs
-(``measured`` / ``predicted`` / ``analytic``), and an emulated GPU is said to be emulated.
+Everything here is derived from the planning graph, its CostTable, the chosen Plan, the simulator's Timeline
+and the build's manifest; nothing is measured here. Every time is labelled predicted, with the source of its
+costs (``measured`` / ``predicted`` / ``analytic``), and an emulated GPU is said to be emulated.
+The figures are drawn by :mod:`hetpart.report_plots`.
 """
 from __future__ import annotations
 
+import csv
 import html
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from hetpart.costs import CostTable
 from hetpart.graph import OpGraph
 from hetpart.plan import Plan, Timeline
+from hetpart.report_plots import COPY_COLOUR, DEVICE_COLOURS, gantt_png, graph_png
 
 log = logging.getLogger(__name__)
 
-DEVICE_COLOURS = {"cpu": "#1f77b4", "gpu": "#2ca02c"}
-COPY_COLOUR = "#d62728"
+__all__ = ["COPY_COLOUR", "DEVICE_COLOURS", "CopyCounts", "ReportData", "copy_counts", "gantt_png", "graph_png",
+           "markdown", "markdown_to_html", "md_table", "summary", "write_report"]
+
+MAX_KERNEL_ROWS = 200          # larger graphs list the critical path and the longest kernels (all in kernels.csv)
+BASELINE_MEANING = {"all_cpu": "every kernel on the CPU",
+                    "all_gpu": "every kernel the GPU can run on the GPU, the rest on the CPU",
+                    "greedy": "the GPU takes every kernel it supports (like ONNX Runtime)",
+                    "heft": "HEFT list scheduling"}
+SOURCE_MEANING = {"measured": "timed on the device", "predicted": "a model fitted to measurements",
+                  "analytic": "a datasheet roofline, no measurement behind it"}
+_UPLOAD_NOTE = re.compile(r"^\w+\(\) uploads (\d+) bytes of weights")
+_UNSCHEDULED_NOTE = re.compile(r"^(.*): CPU kernels are unscheduled$")
 
 
 @dataclass(frozen=True)
@@ -35,183 +49,341 @@ class ReportData:
     compile_seconds: Mapping[str, float] = field(default_factory=dict)
     import_notes: Sequence[str] = ()     # what the frontend changed in the graph (e.g. padded matmul columns)
     cost_notes: Sequence[str] = ()       # where the costs came from (e.g. which CPU predictor, measured on which CPU)
+    weight_uploads: int | None = None    # weight tensors the build copies to non-host devices once, at load
+    weight_upload_bytes: int | None = None
+    program_copies_per_call: int | None = None   # tensor copies left in the compiled main (run every inference)
 
 
-def _colour(device: str) -> str:
-    return DEVICE_COLOURS.get(device, "#9467bd")
+@dataclass(frozen=True)
+class CopyCounts:
+    """Copies between devices: per inference (the simulator's Timeline) and once at load (the build)."""
+
+    per_inference: int
+    per_inference_bytes: int
+    link_time_us: float                  # predicted, summed over the copies
+    critical: int                        # copies the result waits for (on the predicted critical path)
+    model_inputs: int                    # of them, model inputs sent from the host to another device
+    model_outputs: int                   # of them, model outputs brought back to the host
+    weight_uploads: int | None           # None: the build did not report how many
+    weight_upload_bytes: int | None
+    weight_bytes_estimated: bool         # True: from the planning graph's parameter sizes, not from the build
 
 
-def gantt_png(data: ReportData, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = list(data.plan.devices) + sorted({e.resource for e in data.timeline.copy_events()})
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.6 * len(rows)))
-    for event in data.timeline.events:
-        y = rows.index(event.resource)
-        colour = COPY_COLOUR if event.kind == "copy" else _colour(event.resource)
-        ax.barh(y, max(event.end_us - event.start_us, 1e-3), left=event.start_us, color=colour,
-                edgecolor="black", linewidth=0.2)
-    ax.set_yticks(range(len(rows)), rows)
-    ax.set_xlabel("time (µs, predicted)")
-    ax.set_title(f"{data.graph.name}: {data.plan.method} plan, predicted makespan {data.timeline.makespan_us:,.0f} µs")
-    ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def graph_png(data: ReportData, path: Path) -> Path:
-    """Layered drawing (x = dependency depth) of the planning graph, nodes coloured by device."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import networkx as nx
-
-    g = nx.DiGraph()
-    g.add_nodes_from(range(data.graph.num_ops))
-    g.add_edges_from((e.src, e.dst) for e in data.graph.edges)
-    pos = {}
-    for depth, layer in enumerate(nx.topological_generations(g)):
-        for k, node in enumerate(sorted(layer)):
-            pos[node] = (depth, -k + (len(layer) - 1) / 2)
-    width = max(6.0, min(40.0, 0.25 * (max(x for x, _ in pos.values()) + 1)))
-    fig, ax = plt.subplots(figsize=(width, 5))
-    colours = [_colour(data.plan.device_of[i]) for i in range(data.graph.num_ops)]
-    crossing = [(e.src, e.dst) for e in data.graph.edges if data.plan.device_of[e.src] != data.plan.device_of[e.dst]]
-    nx.draw_networkx_edges(g, pos, ax=ax, arrows=False, width=0.4, edge_color="#999999")
-    nx.draw_networkx_edges(g, pos, edgelist=crossing, ax=ax, arrows=False, width=1.2, edge_color=COPY_COLOUR)
-    nx.draw_networkx_nodes(g, pos, ax=ax, node_color=colours, node_size=25)
-    for device in data.plan.devices:
-        ax.scatter([], [], color=_colour(device), label=device)
-    ax.plot([], [], color=COPY_COLOUR, label="copy between devices")
-    ax.legend(loc="upper right", fontsize=8)
-    ax.set_title(f"{data.graph.name}: {data.graph.num_ops} {data.graph.level}s coloured by device")
-    ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+def copy_counts(data: ReportData) -> CopyCounts:
+    graph, device_of, host = data.graph, data.plan.device_of, data.plan.devices[0]
+    start = {e.op_id: e.start_us for e in data.timeline.op_events()}
+    critical_ops = {row.op_id for row in data.why if row.on_critical_path}
+    outputs = {t.producer for t in graph.outputs if t.producer is not None}
+    succ = graph.successors()
+    tol = 1e-6 * max(data.timeline.makespan_us, 1.0)
+    copies = data.timeline.copy_events()
+    critical = model_inputs = model_outputs = 0
+    for e in copies:
+        dst = e.resource.split("->")[-1]
+        readers = succ[e.op_id] if e.op_id >= 0 else graph.inputs[-1 - e.op_id].consumers
+        is_output = e.op_id in outputs and dst == host
+        model_inputs += int(e.op_id < 0)
+        model_outputs += int(is_output)
+        waited = [v for v in readers if device_of[v] == dst and v in critical_ops and abs(start[v] - e.end_us) <= tol]
+        critical += int(bool(waited) or (is_output and abs(e.end_us - data.timeline.makespan_us) <= tol))
+    uploads, upload_bytes, estimated = data.weight_uploads, data.weight_upload_bytes, False
+    if upload_bytes is None:
+        parsed = [int(m.group(1)) for n in data.build.get("notes", ()) if (m := _UPLOAD_NOTE.match(str(n)))]
+        if parsed:
+            upload_bytes = parsed[0]
+        elif data.build and not data.build.get("weights_function"):     # the build uploads no weights
+            upload_bytes, uploads = 0, 0 if uploads is None else uploads
+        else:
+            upload_bytes = sum(n.param_bytes for n in graph.nodes if device_of[n.id] != host)
+            estimated = True
+    return CopyCounts(len(copies), int(sum(e.size_bytes for e in copies)), sum(e.end_us - e.start_us for e in copies),
+                      critical, model_inputs, model_outputs, uploads, upload_bytes, estimated)
 
 
 def summary(data: ReportData) -> dict[str, Any]:
     """Numbers the report (and the CLI) shows: makespans, shares per device, copies."""
-    op_graph = data.op_graph
     per_device: dict[str, dict[str, float]] = {}
     for device in data.plan.devices:
         kernels = data.plan.ops_on(device)
         member_ops = [i for k in kernels for i in data.graph.nodes[k].tags.get("op_ids", [k])]
-        flops = sum(data.graph.nodes[k].flops for k in kernels)
         per_device[device] = {
             "kernels": len(kernels),
-            "ops": len(member_ops) if op_graph is not None else len(kernels),
-            "flops_share": flops / max(1, data.graph.total_flops),
+            "ops": len(member_ops) if data.op_graph is not None else len(kernels),
+            "flops_share": sum(data.graph.nodes[k].flops for k in kernels) / max(1, data.graph.total_flops),
             "busy_us": sum(e.end_us - e.start_us for e in data.timeline.op_events() if e.resource == device),
+            "peak_memory_bytes": int(data.timeline.peak_memory_bytes.get(device, 0)),
         }
-    copies = data.timeline.copy_events()
+    c = copy_counts(data)
     return {
         "model": data.graph.name, "method": data.plan.method, "makespan_us": data.timeline.makespan_us,
         "baselines_us": dict(data.baselines_us), "per_device": per_device,
-        "copies": len(copies), "copied_bytes": int(sum(e.size_bytes for e in copies)),
-        "copy_time_us": sum(e.end_us - e.start_us for e in copies),
+        "copies": c.per_inference, "copied_bytes": c.per_inference_bytes, "copy_time_us": c.link_time_us,
+        "critical_copies": c.critical, "weight_uploads": c.weight_uploads,
+        "weight_upload_bytes": c.weight_upload_bytes, "weight_bytes_estimated": c.weight_bytes_estimated,
         "cost_sources": {d: sorted(set(data.costs.source[:, j].tolist()))
                          for j, d in enumerate(data.costs.device_names)},
         "emulated": bool(data.build.get("emulated", False)),
     }
 
 
-def markdown(data: ReportData, images: Mapping[str, str]) -> str:
-    s = summary(data)
+# ---------------------------------------------------------------------------------------------- markdown
+def _cell(text: Any) -> str:
+    return str(text).replace("\n", " ").replace("|", "\\|")
+
+
+def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str) -> list[str]:
+    """A GitHub markdown table; ``align`` has one letter per column (``l`` or ``r``); ``|`` in cells is escaped."""
+    if len(align) != len(header):
+        raise ValueError(f"md_table: {len(header)} columns but alignment {align!r}")
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |",
+             "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"md_table: row {list(row)} has {len(row)} cells; the header has {len(header)}")
+        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    return lines
+
+
+def _us(value: float) -> str:
+    return f"{value:,.1f}"
+
+
+def _mb(size_bytes: float) -> str:
+    return f"{size_bytes / 1e6:,.2f}"
+
+
+def _build_notes(build: Mapping[str, Any]) -> list[str]:
+    """The build's notes in user terms; what other sections already say (weights, emulation) is left out."""
+    out = []
+    for note in map(str, build.get("notes", ())):
+        if _UPLOAD_NOTE.match(note) or note.startswith("EMULATED"):
+            continue
+        unscheduled = _UNSCHEDULED_NOTE.match(note)
+        out.append(f"CPU kernels were compiled without hetpart's CPU schedules ({unscheduled.group(1)}), so they "
+                   "will likely run slower than the predicted CPU times" if unscheduled else note)
+    return out
+
+
+def _copies_section(data: ReportData, c: CopyCounts) -> list[str]:
+    where = " and ".join(f"the {d}" for d in data.plan.devices[1:]) or "the other devices"
+    waited = ("none is on the critical path (the result waits for none of them)" if c.critical == 0 else
+              f"{c.critical} {'is' if c.critical == 1 else 'are'} on the critical path (the result waits for "
+              f"{'it' if c.critical == 1 else 'them'})")
+    io = "".join(part for n, part in (
+        (c.model_inputs, f"; {c.model_inputs} send{'s' if c.model_inputs == 1 else ''} a model input from the host"),
+        (c.model_outputs, f"; {c.model_outputs} bring{'s' if c.model_outputs == 1 else ''} a model output back to "
+                          "the host")) if n)
+    lines = ["## Copies between devices", "",
+             f"- **Every inference: {c.per_inference} tensor cop{'y' if c.per_inference == 1 else 'ies'}** "
+             f"({_mb(c.per_inference_bytes)} MB, {_us(c.link_time_us)} µs of link time, predicted). Of these, "
+             f"{waited}{io}."]
+    if c.weight_upload_bytes:
+        count = ("the weights" if c.weight_uploads is None else
+                 f"{c.weight_uploads} weight tensor{'' if c.weight_uploads == 1 else 's'}")
+        size = (f"about {_mb(c.weight_upload_bytes)} MB, estimated from the parameter sizes of the kernels placed "
+                "there" if c.weight_bytes_estimated else f"{_mb(c.weight_upload_bytes)} MB")
+        one = c.weight_uploads == 1
+        lines.append(f"- **Once, when the model is loaded:** {count} ({size}) {'is' if one else 'are'} uploaded to "
+                     f"{where} and stay{'s' if one else ''} there, so inferences do not copy "
+                     f"{'it' if one else 'them'} again (`hetpart.load` and `hetpart run` do this "
+                     "upload for you).")
+    else:
+        lines.append(f"- **Once, when the model is loaded:** no weights are uploaded (no kernel with weights runs "
+                     f"on {where}).")
+    per_call = c.per_inference if data.program_copies_per_call is None else data.program_copies_per_call
+    if per_call != c.per_inference:
+        lines.append(f"- The compiled program makes {per_call} copies per inference where the simulator predicts "
+                     f"{c.per_inference}: the predicted copy times may be off by the difference.")
+    if c.weight_uploads is not None:
+        total = per_call + c.weight_uploads
+        lines.append(f"- The compiled program contains {total} copies in all: {per_call} per inference + "
+                     f"{c.weight_uploads} weight uploads at load (the compile log's \"{total} copies "
+                     f"({c.weight_uploads} of constants)\").")
+    return lines + [""]
+
+
+def _kernel_rows(data: ReportData) -> tuple[list[Any], bool]:
+    """The per-kernel rows to list: all, or for a large graph the critical path then the longest kernels."""
+    rows = list(data.why)
+    if len(rows) <= MAX_KERNEL_ROWS:
+        return rows, False
+    own_time = {r.op_id: r.latency_us.get(r.device) or 0.0 for r in rows}
+    ranked = sorted(rows, key=lambda r: (not r.on_critical_path, -own_time[r.op_id], r.op_id))
+    return sorted(ranked[:MAX_KERNEL_ROWS], key=lambda r: r.op_id), True
+
+
+def markdown(data: ReportData, images: Mapping[str, str], kernels_csv: str | None = None) -> str:
+    s, c, devices = summary(data), copy_counts(data), list(data.plan.devices)
     lines = [f"# hetpart report: {s['model']}", ""]
     if s["emulated"]:
-        lines += ["> **GPU EMULATED**: this machine has no CUDA device. The executable's GPU part was compiled for "
-                  "and runs on a second CPU device, so run-time numbers are not GPU numbers; the plan and the "
-                  "predicted times below use the GPU's cost model.", ""]
-    sources = "; ".join(f"{d}: {', '.join(v)}" for d, v in s["cost_sources"].items())
-    lines += [f"Method **{s['method']}**, devices {', '.join(data.plan.devices)}. Cost sources: {sources} "
-              "(analytic = datasheet roofline, no measurement behind it).", "",
-              "## Predicted latency (simulated, one inference)", "", "| plan | makespan (µs) | vs hetpart |",
-              "|---|---:|---:|"]
-    for name, value in sorted(s["baselines_us"].items(), key=lambda kv: kv[1]):
-        lines.append(f"| {name} | {value:,.1f} | {value / s['makespan_us']:.2f}x |")
-    lines.append(f"| **hetpart ({s['method']})** | **{s['makespan_us']:,.1f}** | 1.00x |")
-    lines += ["", "## Share per device", "", "| device | kernels | ops | FLOPs share | busy (µs) |", "|---|---:|---:|---:|---:|"]
-    for device, row in s["per_device"].items():
-        lines.append(f"| {device} | {row['kernels']} | {row['ops']} | {row['flops_share']:.1%} | {row['busy_us']:,.1f} |")
-    lines += ["", f"Copies between devices: **{s['copies']}**, {s['copied_bytes'] / 1e6:.3f} MB moved, "
-              f"{s['copy_time_us']:,.1f} µs of link time.", ""]
+        lines += ["> **GPU EMULATED.** The GPU part of this executable was compiled for the CPU and runs on the "
+                  "CPU (this machine has no usable CUDA GPU, or emulation was asked for). Running it checks the "
+                  "results; its speed says nothing about a GPU. The plan and every time in this report are "
+                  "predictions for the modelled GPU.", ""]
+    headline = f"**Predicted latency of one inference: {_us(s['makespan_us'])} µs** ({s['method']} plan on " \
+               f"{', '.join(devices)})"
+    all_cpu_us = s["baselines_us"].get("all_cpu")
+    if all_cpu_us and s["makespan_us"] > 0:
+        ratio = all_cpu_us / s["makespan_us"]
+        headline += (f", {ratio:.2f}× faster" if ratio >= 1 else f", {1 / ratio:.2f}× slower") + \
+            " than running everything on the CPU (predicted)"
+    lines += [headline + ".", "",
+              "All times here are **predicted** by hetpart's simulator from per-kernel cost estimates; none was "
+              "measured. Where the estimates come from:", ""]
+    specs = {d.name: d for d in data.costs.devices.devices}
+    for device, sources in s["cost_sources"].items():
+        spec = specs.get(device)
+        model = f"; modelled device: {spec.citation}" if spec is not None and spec.citation else ""
+        lines.append(f"- {device}: " + ", ".join(f"{src} ({SOURCE_MEANING.get(src, src)})" for src in sources)
+                     + model)
+    lines += ["", "## Predicted latency of one inference", ""]
+    rows = [[f"{name}", BASELINE_MEANING.get(name, name), _us(v), f"{v / s['makespan_us']:.2f}×"]
+            for name, v in sorted(s["baselines_us"].items(), key=lambda kv: kv[1])]
+    rows.append([f"**hetpart ({s['method']})**", "the chosen plan", f"**{_us(s['makespan_us'])}**", "1.00×"])
+    lines += md_table(["plan", "what it does", "predicted latency (µs)", "times the hetpart plan's latency"], rows,
+                      "llrr")
+    lines += ["", "## Work per device", ""]
+    lines += md_table(["device", "kernels", "ops", "share of FLOPs", "predicted busy time (µs)",
+                       "predicted peak memory (MB)"],
+                      [[d, r["kernels"], r["ops"], f"{r['flops_share']:.1%}", _us(r["busy_us"]),
+                        _mb(r["peak_memory_bytes"])] for d, r in s["per_device"].items()], "lrrrrr")
+    lines += [""] + _copies_section(data, c)
+    notes = [("Cost estimates", list(data.cost_notes)), ("Model import", list(data.import_notes)),
+             ("Plan", list(data.plan.notes)), ("Build", _build_notes(data.build))]
+    if any(items for _, items in notes):
+        lines += ["## Notes", ""]
+        for title, items in notes:
+            if items:
+                lines += [f"### {title}", ""] + [f"- {item}" for item in items] + [""]
     if data.compile_seconds:
-        lines += ["Compile time: " + ", ".join(f"{k} {v:.1f} s" for k, v in data.compile_seconds.items()), ""]
-    for note in list(data.cost_notes) + list(data.import_notes) + list(data.plan.notes) + list(data.build.get("notes", [])):
-        lines.append(f"- note: {note}")
-    lines += ["", f"![Gantt chart]({images['gantt']})", "", f"![graph coloured by device]({images['graph']})", "",
-              "## Per-kernel decisions (why)", "",
-              "| id | kernel | device | " + " | ".join(f"{d} µs" for d in data.plan.devices)
-              + " | copy in µs | copy out µs | slack µs | critical | pinned |",
-              "|" + "---|" * (9 + len(data.plan.devices))]
-    for row in data.why:
-        lat = " | ".join("-" if row.latency_us.get(d) is None else f"{row.latency_us[d]:,.1f}" for d in data.plan.devices)
-        lines.append(f"| {row.op_id} | {row.name} | {row.device} | {lat} | {row.copy_in_us:,.1f} | "
-                     f"{row.copy_out_us:,.1f} | {row.slack_us:,.1f} | {'yes' if row.on_critical_path else ''} | "
-                     f"{'yes' if row.pinned else ''} |")
+        lines += ["## Compile time", ""]
+        lines += md_table(["stage", "time (s)"], [[k, f"{v:,.1f}"] for k, v in data.compile_seconds.items()]
+                          + [["**total**", f"**{sum(data.compile_seconds.values()):,.1f}**"]], "lr")
+        lines.append("")
+    lines += ["## Figures", "", f"![Predicted timeline of one inference]({images['gantt']})", "",
+              "Predicted timeline of one inference (simulated, not measured): one row per device and per copy "
+              "direction.", "", f"![Kernels coloured by device]({images['graph']})", "",
+              "The planning graph, each kernel coloured by the device the plan puts it on; red arrows are tensors "
+              "copied between devices.", ""]
+    shown, truncated = _kernel_rows(data)
+    lines += ["## Per-kernel decisions", "",
+              "Predicted time of each kernel on every device (*cannot run* where a device does not support it); "
+              "*waits for copies*: predicted link time of the copies bringing its inputs from another device; "
+              "*copies out*: link time of the copies of its output to other devices; *slack*: how much later it "
+              "could finish without delaying the result (0 on the critical path); *pinned*: placed by a pin.", ""]
+    if truncated:
+        where = f"; {kernels_csv} lists all {len(data.why)}" if kernels_csv else ""
+        lines += [f"{len(shown)} of {len(data.why)} kernels shown: the critical path first, then the longest "
+                  f"kernels{where}.", ""]
+    header = ["id", "kernel", "device"] + [f"predicted time on {d} (µs)" for d in devices] + [
+        "waits for copies (µs)", "copies out (µs)", "slack (µs)", "critical path", "pinned"]
+    lines += md_table(header, [_kernel_cells(row, devices) for row in shown], "lll" + "r" * (len(devices) + 3) + "ll")
     return "\n".join(lines) + "\n"
 
 
-def _markdown_to_html(text: str, title: str) -> str:
-    """A small renderer for the subset of markdown this module writes (headings, tables, images, lists)."""
-    out, table = [], False
-    for line in text.splitlines():
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if all(set(c) <= set("-:") for c in cells):
-                continue
-            if not table:
-                out.append("<table>")
-                table = True
-            tag = "th" if out[-1] == "<table>" else "td"
-            out.append("<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>")
+def _kernel_cells(row: Any, devices: Sequence[str]) -> list[str]:
+    times = ["cannot run" if row.latency_us.get(d) is None else _us(row.latency_us[d]) for d in devices]
+    return [str(row.op_id), row.name, row.device, *times, _us(row.copy_in_us), _us(row.copy_out_us),
+            _us(row.slack_us), "yes" if row.on_critical_path else "no", "yes" if row.pinned else "no"]
+
+
+def _write_kernels_csv(data: ReportData, path: Path) -> Path:
+    devices = list(data.plan.devices)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "kernel", "op", "device"] + [f"predicted_{d}_us" for d in devices]
+                        + ["copy_in_us", "copy_out_us", "start_us", "end_us", "slack_us", "critical", "pinned"])
+        for r in data.why:
+            writer.writerow([r.op_id, r.name, r.op, r.device] + [r.latency_us.get(d) for d in devices]
+                            + [r.copy_in_us, r.copy_out_us, r.start_us, r.end_us, r.slack_us,
+                               int(r.on_critical_path), int(r.pinned)])
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- HTML
+_PIPE = re.compile(r"(?<!\\)\|")
+_IMAGE = re.compile(r"^!\[(.*)\]\((.*)\)$")
+
+
+def split_row(line: str) -> list[str]:
+    """Cells of a markdown table row (``\\|`` inside a cell is a literal ``|``)."""
+    return [c.strip() for c in _PIPE.split(line.strip().removeprefix("|").removesuffix("|"))]
+
+
+def _inline(text: str) -> str:
+    """Escaped text with ``**bold**``, ``*italic*`` and ``code`` spans."""
+    out = []
+    for k, part in enumerate(text.replace("\\|", "|").split("`")):
+        if k % 2:
+            out.append(f"<code>{html.escape(part)}</code>")
             continue
-        if table:
-            out.append("</table>")
-            table = False
-        if line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            out.append(f"<h{level}>{_inline(line.lstrip('# '))}</h{level}>")
-        elif line.startswith("!["):
-            alt, src = line[2:].split("](")
-            out.append(f'<p><img alt="{html.escape(alt)}" src="{html.escape(src.rstrip(")"))}" style="max-width:100%"></p>')
-        elif line.startswith("> "):
-            out.append(f"<blockquote>{_inline(line[2:])}</blockquote>")
+        escaped = html.escape(part)
+        escaped = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", escaped)
+        out.append(re.sub(r"(?<![\w*])\*(?!\s)(.+?)(?<!\s)\*(?![\w*])", r"<i>\1</i>", escaped))
+    return "".join(out)
+
+
+def _table_html(rows: list[str]) -> str:
+    header, align = split_row(rows[0]), split_row(rows[1])
+    style = ["right" if a.endswith(":") else "left" for a in align]
+    head = "".join(f"<th style='text-align:{a}'>{_inline(c)}</th>" for c, a in zip(header, style))
+    body = "".join("<tr>" + "".join(f"<td style='text-align:{a}'>{_inline(c)}</td>" for c, a in
+                                    zip(split_row(r), style)) + "</tr>" for r in rows[2:])
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def markdown_to_html(text: str, title: str) -> str:
+    """HTML for the markdown this module writes: headings, paragraphs, lists, tables, quotes, images."""
+    lines, out, i = text.splitlines(), [], 0
+
+    def take(pred: Callable[[str], bool]) -> list[str]:
+        nonlocal i
+        block = []
+        while i < len(lines) and lines[i].strip() and pred(lines[i]):
+            block.append(lines[i])
+            i += 1
+        return block
+
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+        elif line.startswith("|"):
+            out.append(_table_html(take(lambda s: s.startswith("|"))))
+        elif line.startswith("#"):
+            level = min(6, len(line) - len(line.lstrip("#")))
+            out.append(f"<h{level}>{_inline(line.lstrip('#').strip())}</h{level}>")
+            i += 1
         elif line.startswith("- "):
-            out.append(f"<li>{_inline(line[2:])}</li>")
-        elif line.strip():
-            out.append(f"<p>{_inline(line)}</p>")
-    if table:
-        out.append("</table>")
-    style = ("body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}blockquote{background:#fff3cd;padding:8px}")
+            out.append("<ul>" + "".join(f"<li>{_inline(s[2:])}</li>" for s in take(lambda s: s.startswith("- ")))
+                       + "</ul>")
+        elif line.startswith(">"):
+            quote = " ".join(s.lstrip(">").strip() for s in take(lambda s: s.startswith(">")))
+            out.append(f"<blockquote><p>{_inline(quote)}</p></blockquote>")
+        elif _IMAGE.match(line):
+            alt, src = _IMAGE.match(line).groups()
+            out.append(f'<p><img alt="{html.escape(alt)}" src="{html.escape(src)}" style="max-width:100%"></p>')
+            i += 1
+        else:
+            para = take(lambda s: not s.startswith(("|", "#", "- ", ">")) and not _IMAGE.match(s))
+            out.append(f"<p>{_inline(' '.join(para))}</p>")
+    style = ("body{font-family:sans-serif;max-width:1200px;margin:auto;padding:0 1em}"
+             "table{border-collapse:collapse;font-size:12px;margin:1em 0}td,th{border:1px solid #ccc;"
+             "padding:2px 6px}th{background:#f4f4f4}blockquote{background:#fff3cd;margin:1em 0;padding:4px 12px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{style}</style></head><body>{''.join(out)}</body></html>")
 
 
-def _inline(text: str) -> str:
-    escaped = html.escape(text)
-    parts = escaped.split("**")
-    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
-
-
 def write_report(data: ReportData, out_dir: str | Path) -> dict[str, Path]:
-    """Write report.md, report.html, gantt.png and graph.png into ``out_dir``; returns their paths."""
+    """Write report.md, report.html, gantt.png, graph.png and kernels.csv into ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     gantt = gantt_png(data, out / "gantt.png")
     graph = graph_png(data, out / "graph.png")
-    text = markdown(data, {"gantt": gantt.name, "graph": graph.name})
+    kernels = _write_kernels_csv(data, out / "kernels.csv")
+    text = markdown(data, {"gantt": gantt.name, "graph": graph.name}, kernels_csv=kernels.name)
     (out / "report.md").write_text(text)
-    (out / "report.html").write_text(_markdown_to_html(text, f"hetpart report: {data.graph.name}"))
-    return {"markdown": out / "report.md", "html": out / "report.html", "gantt": gantt, "graph": graph}
-
+    (out / "report.html").write_text(markdown_to_html(text, f"hetpart report: {data.graph.name}"))
+    log.debug("wrote report.md, report.html, %s, %s and %s in %s", gantt.name, graph.name, kernels.name, out)
+    return {"markdown": out / "report.md", "html": out / "report.html", "gantt": gantt, "graph": graph,
+            "kernels": kernels}

@@ -172,9 +172,17 @@ def _signature(func: relax.Function,
 
 
 def _is_constant_copy(binding: relax.Binding) -> bool:
+    return _is_copy(binding) and isinstance(binding.value.args[0], tvm.ir.GenericConst)
+
+
+def _is_copy(binding: relax.Binding) -> bool:
     v = binding.value
-    return isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.same_as(_TO_VDEVICE) \
-        and isinstance(v.args[0], tvm.ir.GenericConst)
+    return isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.same_as(_TO_VDEVICE)
+
+
+def _count_main_bindings(mod: tvm.IRModule, predicate: Any) -> int:
+    """How many bindings of ``main`` satisfy ``predicate`` (e.g. copies between devices)."""
+    return sum(1 for block in mod["main"].body.blocks for b in block.bindings if predicate(b))
 
 
 def lift_weight_uploads(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
@@ -258,8 +266,10 @@ def build(mod: tvm.IRModule, devices: DeviceSet, *, emulate_gpu: bool, cpu_targe
         entry["used"] = vdevice_key(vd) in used
     plan_memory = len(used) <= 1     # StaticPlanBlockMemory is only safe with one device (TVM 0.27)
     weight_upload_bytes = 0
+    weight_uploads = _count_main_bindings(mod, _is_constant_copy) if hoist_weight_uploads else 0
     if hoist_weight_uploads:
         mod, weight_upload_bytes = _stage("lift weight uploads", lift_weight_uploads, mod)
+    copies_per_call = _count_main_bindings(mod, _is_copy)
     executable = _stage("compile", lambda m: tvm.compile(m, relax_pipeline=_lowering_pipeline(plan_memory)), mod)
     if any(d["runtime"] == "cuda" and d["used"] for d in described):
         _stage("CUDA kernel check", check_cuda_kernels, BuildResult(executable, mod, None))
@@ -276,7 +286,8 @@ def build(mod: tvm.IRModule, devices: DeviceSet, *, emulate_gpu: bool, cpu_targe
     result = BuildResult(executable=executable, lowered=mod, manifest=manifest,
                          cpu_schedules_applied=not cpu_schedule_problem,
                          stats={"kernel_calls": len(kernel_calls(mod)), "plan_memory": plan_memory,
-                                "weight_upload_bytes": weight_upload_bytes})
+                                "weight_upload_bytes": weight_upload_bytes, "weight_uploads": weight_uploads,
+                                "copies_per_call": copies_per_call})
     if out_dir is not None:
         result = export(result, out_dir)
     logger.info("built %d kernel calls for %s in %.2f s%s", result.stats["kernel_calls"],
