@@ -1,24 +1,28 @@
 """Optional, bounded MetaSchedule tuning of a model's CPU kernels, kept in a persistent JSON database.
 
-``tune_model`` lowers the model exactly as :func:`tvm_passes.schedules.cpu_pipeline` does up to FuseTIR
-(so the tuned PrimFuncs are structurally equal to the ones the pipeline later looks up), extracts one task
-per distinct CPU kernel, times each kernel under hetpart's rule-based schedule, and tunes the kernels in
-order of the time they cost (rule latency x number of calls), heaviest first, until the trial count or the
-wall-clock budget runs out.  A tuned schedule is written to the database only when it measures faster than
-the rule schedule in the same process (interleaved timing), so applying the database never makes a kernel
-slower than the rules.  Each kernel's record is committed as soon as that kernel is done; an interrupt
-(Ctrl-C) stops tuning and keeps everything committed so far.
-
-Later compiles reuse the records: ``cpu_pipeline(target, database_dir=...)`` applies
-``MetaScheduleApplyDatabase`` and falls back to the rules for kernels without a record.
+``tune_model`` lowers the model as ``cpu_pipeline`` does up to FuseTIR (:mod:`tvm_passes.tuning_db`, so tuned
+workloads match the kernels later looked up), times each kernel under hetpart's rules, and tunes the kernels
+heaviest first (rule latency x calls) until the trial count or the wall-clock budget runs out.  A tuned
+schedule is committed (atomically, as soon as its kernel is done) only when it measures faster than the rules
+in the same process, so the database never makes a kernel slower.  Ctrl-C or the budget stops tuning and keeps
+what was committed; an unreadable database found at the start is set aside.  No piece of work (a rule timing,
+a MetaSchedule batch) starts unless :class:`TuningBudget` expects it to fit in the time left, and the
+``progress`` callback hears from every phase.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
 import logging
+import math
+import platform
+import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,27 +30,27 @@ import numpy as np
 import tvm
 from tvm import relax, tirx
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.tune_context import _normalize_mod as normalize_mod
 from tvm.target import Target
 
 from hetpart.errors import HetpartError
 
+from . import tuning_db
+
 logger = logging.getLogger(__name__)
 
-WORKLOAD_FILE = "database_workload.json"
-RECORD_FILE = "database_tuning_record.json"
 TRIALS_PER_ITER = 8
 BUILD_FUNC_NAME = "hetpart.tune.build_kernel"
 BUILD_TIMEOUT_S = 60.0
+# Seconds per MetaSchedule trial assumed until one is measured: a conv batch of 8 on a busy 2-core host
+# (search, build and run included).  Pessimistic on purpose: it only sizes the first kernel's trials.
+PRIOR_SECONDS_PER_TRIAL = 20.0
+PRIOR_RULE_TIMING_S = 2.0
+HEARTBEAT_S = 10.0
+Clock = Callable[[], float]
 
 
 def _build_kernel(mod: tvm.ir.IRModule, target: Target, _params) -> tvm.runtime.Module:
-    """MetaSchedule's default build minus ``import tvm.s_tir.tensor_intrin``.
-
-    That import registers every tensor intrinsic by parsing TVMScript and takes 20-30 s per builder worker
-    on this machine, so with the default build function most candidates hit the builder timeout.  hetpart's
-    CPU kernels are fp32 and never tensorize.
-    """
+    """MetaSchedule's default build minus ``import tvm.s_tir.tensor_intrin`` (see cpu_tensor_intrinsics_only)."""
     from tvm.driver import build as tvm_build
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
@@ -57,6 +61,125 @@ def _build_kernel(mod: tvm.ir.IRModule, target: Target, _params) -> tvm.runtime.
 def register_build_function() -> None:
     """Builder-worker initializer: registers :func:`_build_kernel` under BUILD_FUNC_NAME."""
     tvm.register_global_func(BUILD_FUNC_NAME, _build_kernel, override=True)
+
+
+_INTRINSICS_PACKAGE = "tvm.s_tir.tensor_intrin"
+_INTRINSICS_BY_ARCH = {"x86_64": "x86", "amd64": "x86", "i686": "x86", "i386": "x86", "aarch64": "arm_cpu",
+                       "arm64": "arm_cpu", "arm": "arm_cpu", "riscv64": "riscv_cpu", "riscv32": "riscv_cpu"}
+
+
+@contextlib.contextmanager
+def cpu_tensor_intrinsics_only(target: Target) -> Iterator[None]:
+    """Within the block, ``import tvm.s_tir.tensor_intrin`` registers only the target CPU's intrinsics.
+
+    ``TuneContext()`` imports that package, whose ``__init__`` parses TVMScript for every CUDA, ROCm, ARM,
+    x86, Hexagon and RISC-V intrinsic: 40 s to 4 min on a 2-core host, silently.  MetaSchedule's llvm rules
+    need only the host CPU family's.  The block installs the package module without running its
+    ``__init__`` and imports that one submodule; on leaving it removes the stand-in, so a later import runs
+    the real ``__init__`` (reusing the submodule).  Nothing changes if the package is already imported.
+    """
+    triple = str(target.attrs.get("mtriple", "")) if target.attrs is not None else ""
+    submodule = _INTRINSICS_BY_ARCH.get((triple.split("-")[0] or platform.machine()).lower())
+    package = None
+    if _INTRINSICS_PACKAGE not in sys.modules and submodule is not None:
+        package = importlib.util.module_from_spec(importlib.util.find_spec(_INTRINSICS_PACKAGE))
+        sys.modules[_INTRINSICS_PACKAGE] = package
+        try:
+            importlib.import_module(f"{_INTRINSICS_PACKAGE}.{submodule}")
+        except Exception as exc:  # noqa: BLE001 (fall back to TVM's full import)
+            logger.debug("importing only the %s tensor intrinsics failed (%s); TVM imports them all", submodule, exc)
+            del sys.modules[_INTRINSICS_PACKAGE]
+            package = None
+    try:
+        yield
+    finally:
+        if package is not None and sys.modules.get(_INTRINSICS_PACKAGE) is package:
+            del sys.modules[_INTRINSICS_PACKAGE]
+
+
+@tvm.ir.utils.derived_object
+class BatchCallback(ms.measure_callback.PyMeasureCallback):
+    """Measure callback calling ``on_batch(trials, best_us)`` after each batch; False terminates the task."""
+
+    def __init__(self, on_batch: Callable[[int, float | None], bool]) -> None:
+        self.on_batch = on_batch
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        latencies_s = [float(np.mean([float(t) for t in r.run_secs])) for r in runner_results
+                       if r.error_msg is None and r.run_secs]
+        if not self.on_batch(len(measure_candidates), min(latencies_s) * 1e6 if latencies_s else None):
+            task_scheduler.terminate_task(task_id)
+
+
+@contextlib.contextmanager
+def heartbeat(interval_s: float, beat: Callable[[], None]) -> Iterator[None]:
+    """Call ``beat()`` every ``interval_s`` seconds from a background thread while the block runs."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            try:
+                beat()
+            except Exception as exc:  # noqa: BLE001 (a failing progress printer must not stop tuning)
+                logger.debug("progress heartbeat failed: %s", exc)
+
+    thread = threading.Thread(target=loop, name="hetpart-tune-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@dataclass
+class TuningBudget:
+    """A wall-clock deadline (``clock`` seconds) and what the work has been measured to cost so far.
+
+    A MetaSchedule batch costs a fixed part (search, worker start-up) plus a part per trial.  A batch of n
+    trials is expected to take the larger of n x (seconds per trial measured so far, or the prior) and the
+    mean duration of the measured batches of the same kind (a kernel's first batch includes its start-up).
+    Every tuned kernel is then timed against the rules (two rule timings).
+    """
+
+    deadline_s: float
+    clock: Clock = time.monotonic
+    prior_seconds_per_trial: float = PRIOR_SECONDS_PER_TRIAL
+    prior_rule_timing_s: float = PRIOR_RULE_TIMING_S
+    batches: list[tuple[int, float, bool]] = field(default_factory=list)  # (trials, seconds, first of a kernel)
+    rule_timings_s: list[float] = field(default_factory=list)
+
+    def remaining_s(self) -> float:
+        return self.deadline_s - self.clock()
+
+    def seconds_per_trial(self) -> float:
+        trials = sum(b[0] for b in self.batches)
+        return sum(b[1] for b in self.batches) / trials if trials else self.prior_seconds_per_trial
+
+    def rule_timing_s(self) -> float:
+        return float(np.mean(self.rule_timings_s)) if self.rule_timings_s else self.prior_rule_timing_s
+
+    def batch_s(self, trials: int, first: bool) -> float:
+        same_kind = [b[1] for b in self.batches if b[2] == first] or [b[1] for b in self.batches] or [0.0]
+        return max(trials * self.seconds_per_trial(), float(np.mean(same_kind)))
+
+    def record_batch(self, trials: int, seconds: float, first: bool) -> None:
+        self.batches.append((trials, max(0.0, seconds), first))
+
+    def record_rule_timing(self, seconds: float) -> None:
+        self.rule_timings_s.append(max(0.0, seconds))
+
+    def can_time_rule(self) -> bool:
+        return self.remaining_s() >= self.rule_timing_s()
+
+    def batch_fits(self, trials: int, first: bool) -> bool:
+        return self.batch_s(trials, first) + 2 * self.rule_timing_s() <= self.remaining_s()
+
+    def trials_to_start(self, wanted: int, batch_trials: int) -> int:
+        """Trials (at most ``wanted``) a new kernel may start with: 0 unless its first batch fits."""
+        spare_s = self.remaining_s() - 2 * self.rule_timing_s()
+        trials = max(0, min(wanted, math.floor(spare_s / self.seconds_per_trial())))
+        return trials if trials and self.batch_fits(min(batch_trials, trials), first=True) else 0
 
 
 @dataclass(frozen=True)
@@ -70,11 +193,20 @@ class KernelTuning:
     trials: int
     kept: bool
     seconds: float
+    stopped_by_budget: bool = False
+
+
+@dataclass(frozen=True)
+class SkippedKernel:
+    """A kernel ``tune_model`` did not tune, and why (``budget``, ``trials`` or ``interrupted``)."""
+
+    name: str
+    reason: str
 
 
 @dataclass(frozen=True)
 class TuningReport:
-    """What ``tune_model`` did: per kernel outcomes, in tuning order, and whether it was interrupted."""
+    """What ``tune_model`` did: per kernel outcomes in tuning order, what was skipped, and why it stopped."""
 
     database_dir: str
     budget_minutes: float
@@ -83,6 +215,10 @@ class TuningReport:
     elapsed_s: float
     interrupted: bool
     kernels: tuple[KernelTuning, ...] = field(default_factory=tuple)
+    stopped_by_budget: bool = False
+    skipped: tuple[SkippedKernel, ...] = field(default_factory=tuple)
+    already_tuned: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -90,7 +226,11 @@ class TuningReport:
 
 @dataclass(frozen=True)
 class TuningProgress:
-    """Passed to the ``progress`` callback after each kernel (and once before the first)."""
+    """Passed to the ``progress`` callback in every phase: ``lowering``, ``timing rules``, ``tuning``, ``done``.
+
+    ``done_kernels``/``total_kernels`` count the current phase's kernels.  While a MetaSchedule batch runs
+    the callback is also called every HEARTBEAT_S seconds, from a background thread.
+    """
 
     done_kernels: int
     total_kernels: int
@@ -98,29 +238,14 @@ class TuningProgress:
     trials_requested: int
     elapsed_s: float
     last: KernelTuning | None
-
-
-def open_database(database_dir: Path | str, create: bool) -> ms.database.JSONDatabase | None:
-    """The persistent JSON tuning database in ``database_dir``; None if absent and ``create`` is False."""
-    directory = Path(database_dir)
-    workload, record = directory / WORKLOAD_FILE, directory / RECORD_FILE
-    if not create and not (workload.exists() and record.exists()):
-        return None
-    directory.mkdir(parents=True, exist_ok=True)
-    return ms.database.JSONDatabase(
-        path_workload=str(workload), path_tuning_record=str(record), allow_missing=True
-    )
+    phase: str = "tuning"
+    detail: str = ""
 
 
 def lower_for_tuning(mod: tvm.ir.IRModule, target: Target) -> tvm.ir.IRModule:
     """The module as ``cpu_pipeline`` sees it right after FuseTIR (prepack, legalize, fuse)."""
-    from .schedules.base import vector_lanes
-    from .schedules.layout import prepack_conv_weights
-    from .schedules.pipeline import cpu_generic
-
     with target:
-        passes = [prepack_conv_weights(vector_lanes(target))] + cpu_generic.legalize_passes(target)
-        return tvm.transform.Sequential(passes)(mod)
+        return tvm.transform.Sequential(tuning_db.kernel_lowering_passes(target))(mod)
 
 
 def _random_args(func: tirx.PrimFunc, device) -> list:
@@ -141,8 +266,8 @@ def _time_us(func: tirx.PrimFunc, target: Target, args: list, repeat: int = 5) -
 
 
 def _rule_schedule(func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc:
+    from .schedules import default_rules
     from .schedules.base import apply_first_rule
-    from .schedules.pipeline import default_rules
 
     return apply_first_rule(func, target, default_rules()) or func
 
@@ -160,22 +285,205 @@ def _call_counts(lowered: tvm.ir.IRModule) -> dict[str, int]:
     return counts
 
 
-def _tune_one(task_mod: tvm.ir.IRModule, name: str, target: Target, trials: int, work_dir: str):
-    """MetaSchedule on one kernel into an in-memory database; the best record or None."""
+def _tune_one(task_mod: tvm.ir.IRModule, name: str, target: Target, trials: int, work_dir: str,
+              on_batch: Callable[[int, float | None], bool]):
+    """MetaSchedule on one kernel into an in-memory database; the best record or None.
+
+    ``on_batch(trials_measured, best_us)`` is called after every measured batch; returning False ends the
+    search before the next batch.
+    """
     staging = ms.database.MemoryDatabase()
-    context = ms.TuneContext(
-        mod=task_mod, target=target, space_generator="post-order-apply", search_strategy="evolutionary",
-        task_name=name, num_threads=1,
-    ).clone()
-    ms.tune_tasks(
-        tasks=[context], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
-        num_trials_per_iter=min(TRIALS_PER_ITER, trials), database=staging, cost_model="random",
-        builder=ms.builder.LocalBuilder(
-            f_build=BUILD_FUNC_NAME, initializer=register_build_function, timeout_sec=BUILD_TIMEOUT_S
-        ),
-    )
+    search_log = logging.getLogger("tvm.s_tir.meta_schedule")  # per-batch tables: only with hetpart at DEBUG
+    previous_level = search_log.level
+    if not logger.isEnabledFor(logging.DEBUG):
+        search_log.setLevel(logging.WARNING)
+    try:
+        with cpu_tensor_intrinsics_only(target):
+            context = ms.TuneContext(
+                mod=task_mod, target=target, space_generator="post-order-apply", search_strategy="evolutionary",
+                task_name=name, num_threads=1,
+            ).clone()
+        ms.tune_tasks(
+            tasks=[context], task_weights=[1.0], work_dir=work_dir, max_trials_global=trials,
+            num_trials_per_iter=min(TRIALS_PER_ITER, trials), database=staging, cost_model="random",
+            builder=ms.builder.LocalBuilder(
+                f_build=BUILD_FUNC_NAME, initializer=register_build_function, timeout_sec=BUILD_TIMEOUT_S
+            ),
+            measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [BatchCallback(on_batch)],
+        )
+    finally:
+        search_log.setLevel(previous_level)
     top = staging.get_top_k(staging.commit_workload(task_mod), 1)
     return top[0] if top else None
+
+
+@dataclass
+class _Kernel:
+    name: str
+    calls: int
+    func: tirx.PrimFunc
+    task_mod: tvm.ir.IRModule
+    args: list = field(default_factory=list)
+    rule_us: float = 0.0
+
+
+class _TuningRun:
+    """One ``tune_model`` call: budget, progress reporting and the three phases."""
+
+    def __init__(self, target: Target, trials: int, per_kernel: int, budget_minutes: float, database_dir: Path,
+                 progress: Callable[[TuningProgress], None] | None, clock: Clock) -> None:
+        self.target, self.trials, self.per_kernel, self.database_dir = target, trials, per_kernel, database_dir
+        self.budget_minutes, self.progress, self.clock = budget_minutes, progress, clock
+        self.start_s = clock()
+        self.budget = TuningBudget(deadline_s=self.start_s + budget_minutes * 60.0, clock=clock)
+        self.kernels: list[KernelTuning] = []
+        self.skipped: list[SkippedKernel] = []
+        self.notes: list[str] = []
+        self.used = self.already_tuned = 0
+        self.interrupted = self.stopped_by_budget = False
+        self._lock = threading.Lock()
+
+    def elapsed_s(self) -> float:
+        return self.clock() - self.start_s
+
+    def emit(self, phase: str, done: int, total: int, detail: str = "", last: KernelTuning | None = None) -> None:
+        if self.progress is None:
+            return
+        with self._lock:
+            self.progress(TuningProgress(done, total, self.used, self.trials, self.elapsed_s(), last, phase, detail))
+
+    def stop_for_budget(self, detail: str, rest: list[_Kernel], what: str) -> None:
+        self.stopped_by_budget = True
+        self.skipped += [SkippedKernel(k.name, f"budget: {what}") for k in rest]
+        self.notes.append(f"the budget stopped work at {self.elapsed_s():.0f} s of {self.budget_minutes * 60:.0f} s: "
+                          f"{detail}; {len(rest)} kernel(s) {what}")
+        logger.debug("tuning: %s", self.notes[-1])
+
+    def open_database(self) -> ms.database.Database | None:
+        try:
+            return tuning_db.read_database(self.database_dir)
+        except tuning_db.TuningDatabaseError as exc:
+            moved = tuning_db.set_aside_unreadable(self.database_dir)
+            note = (f"the tuning database in {self.database_dir} was unreadable ({exc.__cause__ or exc}); it was set "
+                    f"aside ({', '.join(p.name for p in moved) or 'empty files deleted'}) and a new one started")
+            logger.warning("%s", note)
+            self.notes.append(note)
+            return None
+
+    def pending_kernels(self, mod: tvm.ir.IRModule) -> list[_Kernel]:
+        self.emit("lowering", 0, 0, "lowering the model to CPU kernels")
+        database = self.open_database()
+        with heartbeat(HEARTBEAT_S, lambda: self.emit("lowering", 0, 0, "still lowering the model")):
+            lowered = lower_for_tuning(mod, self.target)
+        counts = _call_counts(lowered)
+        pending = []
+        for gvar, func in lowered.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or gvar.name_hint not in counts:
+                continue
+            task_mod = tuning_db.workload_module(func)
+            if database is not None and database.has_workload(task_mod) \
+                    and database.get_top_k(database.commit_workload(task_mod), 1):
+                self.already_tuned += 1
+                continue
+            pending.append(_Kernel(gvar.name_hint, counts[gvar.name_hint], func, task_mod))
+        self.emit("lowering", 0, len(pending), f"{len(pending)} kernels to tune, {self.already_tuned} already tuned")
+        return pending
+
+    def time_rules(self, pending: list[_Kernel]) -> list[_Kernel]:
+        """Rule latency of each kernel while the budget allows; the timed kernels, heaviest total time first."""
+        timed: list[_Kernel] = []
+        for index, kernel in enumerate(pending):
+            if not self.budget.can_time_rule():
+                self.stop_for_budget(f"timing a rule schedule takes ~{self.budget.rule_timing_s():.1f} s, "
+                                     f"{max(0.0, self.budget.remaining_s()):.1f} s were left",
+                                     pending[index:], "not timed, not tuned")
+                break
+            began = self.clock()
+            kernel.args = _random_args(kernel.func, tvm.cpu())
+            kernel.rule_us = _time_us(_rule_schedule(kernel.func, self.target), self.target, kernel.args)
+            self.budget.record_rule_timing(self.clock() - began)
+            timed.append(kernel)
+            self.emit("timing rules", index + 1, len(pending),
+                      f"{kernel.name}: {kernel.rule_us:,.0f} us x {kernel.calls} call(s)")
+        return sorted(timed, key=lambda k: -k.rule_us * k.calls)
+
+    def tune_all(self, candidates: list[_Kernel]) -> None:
+        with tempfile.TemporaryDirectory(prefix="hetpart-tune-") as work_dir:
+            for index, kernel in enumerate(candidates):
+                wanted = min(self.per_kernel, self.trials - self.used)
+                if wanted < 1:
+                    self.skipped += [SkippedKernel(k.name, "trials: the trial count is used up")
+                                     for k in candidates[index:]]
+                    break
+                fit = self.budget.trials_to_start(wanted, TRIALS_PER_ITER)
+                if fit < 1:
+                    batch_s = self.budget.batch_s(min(wanted, TRIALS_PER_ITER), first=True)
+                    self.stop_for_budget(f"a kernel's first batch takes ~{batch_s:.0f} s, "
+                                         f"{max(0.0, self.budget.remaining_s()):.0f} s were left",
+                                         candidates[index:], "not tuned")
+                    break
+                try:
+                    outcome = self.tune_kernel(kernel, fit, work_dir, index, len(candidates))
+                except KeyboardInterrupt:
+                    self.interrupted = True
+                    self.skipped += [SkippedKernel(k.name, "interrupted") for k in candidates[index:]]
+                    logger.warning("tuning interrupted during %s; records committed so far are kept", kernel.name)
+                    break
+                except Exception as exc:  # noqa: BLE001 (one kernel failing in MetaSchedule must not end the run)
+                    self.skipped.append(SkippedKernel(kernel.name, f"error: {type(exc).__name__}: {str(exc)[-200:]}"))
+                    logger.warning("tuning %s failed (%s: %s); going on with the next kernel", kernel.name,
+                                   type(exc).__name__, str(exc).strip()[-300:])
+                    continue
+                self.kernels.append(outcome)
+                logger.debug("tuned %s: rules %.1f us, tuned %s us, kept=%s", outcome.name, outcome.rule_latency_us,
+                             outcome.tuned_latency_us, outcome.kept)
+                self.emit("tuning", index + 1, len(candidates), f"{kernel.name} done", outcome)
+
+    def tune_kernel(self, kernel: _Kernel, trials: int, work_dir: str, index: int, total: int) -> KernelTuning:
+        began = self.clock()
+        state = {"mark": began, "measured": 0, "cut": False}
+
+        def on_batch(count: int, best_us: float | None) -> bool:
+            now = self.clock()
+            self.budget.record_batch(count, now - state["mark"], first=state["measured"] == 0)
+            state["mark"] = now
+            state["measured"] += count
+            self.used += count
+            best = "" if best_us is None else f", best {best_us:,.0f} us"
+            self.emit("tuning", index, total, f"{kernel.name}: {state['measured']}/{trials} trials{best}")
+            next_batch = min(TRIALS_PER_ITER, trials - state["measured"])
+            if next_batch > 0 and not self.budget.batch_fits(next_batch, first=False):
+                state["cut"] = True
+                return False
+            return True
+
+        def beat() -> None:
+            self.emit("tuning", index, total, f"{kernel.name}: MetaSchedule batch running "
+                      f"({state['measured']}/{trials} trials measured, {self.clock() - began:.0f} s on this kernel)")
+
+        self.emit("tuning", index, total, f"{kernel.name}: starting {trials} trials")
+        with heartbeat(HEARTBEAT_S, beat):
+            best = _tune_one(kernel.task_mod, kernel.name, self.target, trials, work_dir, on_batch)
+        rule_us, tuned_us, kept = kernel.rule_us, None, False
+        if best is not None:
+            sch = tvm.s_tir.Schedule(kernel.task_mod)
+            best.trace.apply_to_schedule(sch, remove_postproc=False)
+            tuned_us = _time_us(sch.mod["main"], self.target, kernel.args)
+            rule_us = min(rule_us, _time_us(_rule_schedule(kernel.func, self.target), self.target, kernel.args))
+            if tuned_us < rule_us:
+                tuning_db.commit_record(self.database_dir, kernel.task_mod, best, self.target)
+                kept = True
+        if state["cut"]:
+            self.stopped_by_budget = True
+            self.notes.append(f"the budget stopped {kernel.name} after {state['measured']} of {trials} trials "
+                              f"at {self.elapsed_s():.0f} s")
+        return KernelTuning(kernel.name, kernel.calls, rule_us, tuned_us, state["measured"], kept,
+                            self.clock() - began, state["cut"])
+
+    def report(self) -> TuningReport:
+        return TuningReport(str(self.database_dir), float(self.budget_minutes), int(self.trials), self.used,
+                            self.elapsed_s(), self.interrupted, tuple(self.kernels), self.stopped_by_budget,
+                            tuple(self.skipped), self.already_tuned, tuple(self.notes))
 
 
 def tune_model(
@@ -186,11 +494,13 @@ def tune_model(
     database_dir: Path | str,
     progress: Callable[[TuningProgress], None] | None = None,
     trials_per_kernel: int | None = None,
+    clock: Clock = time.monotonic,
 ) -> TuningReport:
     """Tune the model's heaviest CPU kernels with MetaSchedule within ``trials`` and ``budget_minutes``.
 
     ``trials_per_kernel`` (default: ``max(8, trials // 4)``) bounds each kernel; kernels that already have
-    a record in the database are skipped.  Returns a :class:`TuningReport`; see the module docstring.
+    a record in the database are skipped.  ``clock`` (seconds) measures the budget.  Returns a
+    :class:`TuningReport`; see the module docstring.
     """
     if trials < 1 or budget_minutes <= 0:
         raise HetpartError(
@@ -199,63 +509,15 @@ def tune_model(
         )
     target = Target(target) if not isinstance(target, Target) else target
     per_kernel = trials_per_kernel or max(TRIALS_PER_ITER, trials // 4)
-    start = time.monotonic()
-    deadline = start + budget_minutes * 60.0
-    database = open_database(database_dir, create=True)
-    lowered = lower_for_tuning(mod, target)
-    counts = _call_counts(lowered)
-    device = tvm.cpu()
-
-    candidates = []
-    for gvar, func in lowered.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or gvar.name_hint not in counts:
-            continue
-        task_mod = normalize_mod(func)
-        if database.has_workload(task_mod) and database.get_top_k(database.commit_workload(task_mod), 1):
-            continue
-        args = _random_args(func, device)
-        rule_us = _time_us(_rule_schedule(func, target), target, args)
-        candidates.append((rule_us * counts[gvar.name_hint], gvar.name_hint, task_mod, args, rule_us))
-    candidates.sort(key=lambda item: -item[0])
-
-    kernels: list[KernelTuning] = []
-    used, interrupted = 0, False
-
-    def report(last: KernelTuning | None) -> None:
-        if progress is not None:
-            progress(TuningProgress(len(kernels), len(candidates), used, trials, time.monotonic() - start, last))
-
-    report(None)
-    with tempfile.TemporaryDirectory(prefix="hetpart-tune-") as work_dir:
-        for _total_us, name, task_mod, args, rule_us in candidates:
-            remaining = min(per_kernel, trials - used)
-            if remaining < 1 or time.monotonic() >= deadline:
-                break
-            began = time.monotonic()
-            try:
-                best = _tune_one(task_mod, name, target, remaining, work_dir)
-            except KeyboardInterrupt:
-                interrupted = True
-                logger.warning("tuning interrupted during %s; records committed so far are kept", name)
-                break
-            used += remaining
-            tuned_us, kept = None, False
-            if best is not None:
-                sch = tvm.s_tir.Schedule(task_mod)
-                best.trace.apply_to_schedule(sch, remove_postproc=False)
-                tuned_us = _time_us(sch.mod["main"], target, args)
-                rule_us = min(rule_us, _time_us(_rule_schedule(task_mod["main"], target), target, args))
-                if tuned_us < rule_us:
-                    workload = database.commit_workload(task_mod)
-                    database.commit_tuning_record(
-                        ms.database.TuningRecord(best.trace, workload, best.run_secs, target, best.args_info)
-                    )
-                    kept = True
-            outcome = KernelTuning(name, counts[name], rule_us, tuned_us, remaining, kept, time.monotonic() - began)
-            kernels.append(outcome)
-            logger.info("tuned %s: rules %.1f us, tuned %s us, kept=%s", name, rule_us, tuned_us, kept)
-            report(outcome)
-    return TuningReport(
-        database_dir=str(database_dir), budget_minutes=float(budget_minutes), trials_requested=int(trials),
-        trials_used=used, elapsed_s=time.monotonic() - start, interrupted=interrupted, kernels=tuple(kernels),
-    )
+    run = _TuningRun(target, trials, per_kernel, budget_minutes, Path(database_dir), progress, clock)
+    try:
+        pending = run.pending_kernels(mod)
+        candidates = run.time_rules(pending)
+        run.tune_all(candidates)
+    except KeyboardInterrupt:
+        run.interrupted = True
+        logger.warning("tuning interrupted; records committed so far are kept")
+    report = run.report()
+    run.emit("done", len(report.kernels), len(report.kernels) + len(report.skipped),
+             "; ".join(report.notes) or "all kernels tuned")
+    return report

@@ -4,8 +4,10 @@
 LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps, FuseTIR, dataflow lowering, finalisation) with
 hetpart's LegalizeOps (:mod:`tvm_passes.legalize`: vectorisable exp/tanh/sigmoid/erf) in place of TVM's and
 three additions: ``prepack_conv_weights`` first (constant conv weights stored output-channel-innermost, see
-:mod:`.layout`), and after FuseTIR MetaScheduleApplyDatabase when a tuning database is given, then
-``cpu_schedule_pass`` for every CPU PrimFunc the database did not cover.  The pieces are taken from
+:mod:`.layout`), and after FuseTIR the records of a tuning database when one is given
+(:mod:`tvm_passes.tuning_db`), then ``cpu_schedule_pass`` for every CPU PrimFunc the database did not cover.
+The passes up to FuseTIR are :func:`tvm_passes.tuning_db.kernel_lowering_passes`, shared with
+``tvm_passes.tune`` so tuned workloads match the kernels looked up here.  The pieces are taken from
 ``tvm.relax.backend.cpu_generic`` rather than copied, so upstream changes to them flow through.
 """
 
@@ -16,13 +18,12 @@ import os
 from pathlib import Path
 
 import tvm
-from tvm import relax, tirx
+from tvm import tirx
 from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 from tvm.target import Target
 
-from ..legalize import with_hetpart_legalization
-from .base import SCHEDULED_ATTR, CpuRule, apply_first_rule, vector_lanes
-from .layout import prepack_conv_weights
+from .. import tuning_db
+from .base import SCHEDULED_ATTR, CpuRule, apply_first_rule
 
 logger = logging.getLogger(__name__)
 
@@ -85,23 +86,76 @@ def cpu_schedule_pass(target: Target | str | dict, rules: list[CpuRule] | None =
     return _pass
 
 
-def tuning_database_passes(database_dir: Path | str | None, target: Target) -> list[tvm.transform.Pass]:
-    """MetaScheduleApplyDatabase over a persistent JSON database, when one exists on disk."""
-    if database_dir is None:
-        return []
-    from .. import tune  # local import: tune pulls in MetaSchedule
+def _scheduled_from_database(database, func: tirx.PrimFunc, target: Target) -> tirx.PrimFunc | None:
+    """``func`` scheduled by its database record (keeping its attributes), or None without a record."""
+    key = tuning_db.workload_module(func)
+    if not database.has_workload(key):
+        return None
+    schedule = database.query_schedule(key, target, "main")
+    if schedule is None:
+        return None
+    tuned = schedule.mod["main"].without_attr("global_symbol")
+    for name, value in (func.attrs or {}).items():
+        tuned = tuned.with_attr(name, value)
+    return tuned.with_attr(SCHEDULED_ATTR, True)
 
-    database = tune.open_database(database_dir, create=False)
-    if database is None:
-        logger.info("no tuning database at %s; using the CPU rules only", database_dir)
-        return []
+
+def apply_database_pass(database, target: Target, database_dir: Path | str) -> tvm.transform.Pass:
+    """A module pass giving every unscheduled CPU PrimFunc with a record in ``database`` the record's schedule.
+
+    Unlike TVM's MetaScheduleApplyDatabase it keeps the module's ``global_infos`` (vdevices) and attributes,
+    and it never fails a build: a record that does not apply to its kernel (or any other error) leaves the
+    kernel to the rules and is reported in one warning naming ``database_dir``.
+    """
 
     @tvm.transform.module_pass(opt_level=0, name="HetpartApplyTuningDatabase")
     def _apply(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
-        with target, database:
-            return relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
+        updates, failures = {}, []
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+                continue
+            is_cpu, func_target = _is_cpu_func(func, target)
+            if not is_cpu:
+                continue
+            try:
+                scheduled = _scheduled_from_database(database, func, func_target)
+            except Exception as exc:  # noqa: BLE001 (a record's trace may fail in many TVM-specific ways)
+                failures.append(f"{gvar.name_hint} ({type(exc).__name__}: {str(exc).strip()[-160:]})")
+                continue
+            if scheduled is not None:
+                updates[gvar] = scheduled
+        if failures:
+            logger.warning("tuning records in %s do not apply to %d kernel(s), which use the CPU rules instead: %s. "
+                           "Fix: delete %s or run `hetpart tune` again", database_dir, len(failures),
+                           "; ".join(failures), database_dir)
+        if not updates:
+            return mod
+        new_mod = mod.clone()
+        for gvar, func in updates.items():
+            new_mod[gvar] = func
+        logger.info("applied %d tuned schedule(s) from %s", len(updates), database_dir)
+        return new_mod
 
-    return [_apply]
+    return _apply
+
+
+def tuning_database_passes(database_dir: Path | str | None, target: Target) -> list[tvm.transform.Pass]:
+    """The pass applying the persistent tuning database in ``database_dir``; none when there is no database.
+
+    An unreadable database (empty or malformed files, records that do not load) is logged as one warning
+    naming the directory and the fix, and the build goes on with the rules alone.
+    """
+    if database_dir is None:
+        return []
+    try:
+        database = tuning_db.read_database(database_dir)
+    except tuning_db.TuningDatabaseError as exc:
+        logger.warning("tuning database ignored, building with the CPU rules only: %s", exc)
+        return []
+    if database is None:
+        logger.info("no tuning database at %s; using the CPU rules only", database_dir)
+        return []
+    return [apply_database_pass(database, target, database_dir)]
 
 
 def cpu_pipeline(target: Target | str | dict, database_dir: Path | str | None = None) -> tvm.transform.Pass:
@@ -113,9 +167,7 @@ def cpu_pipeline(target: Target | str | dict, database_dir: Path | str | None = 
     """
     target = Target(target) if not isinstance(target, Target) else target
     passes = (
-        [prepack_conv_weights(vector_lanes(target))]
-        + cpu_generic.library_dispatch_passes(target)
-        + with_hetpart_legalization(cpu_generic.legalize_passes(target))
+        tuning_db.kernel_lowering_passes(target)
         + tuning_database_passes(database_dir, target)
         + [cpu_schedule_pass(target)]
         + cpu_generic.dataflow_lower_passes(target)
