@@ -3,7 +3,7 @@
 Metric: batch-1 inference latency per zoo model, all variants timed *interleaved* in one process (round
 robin, median over rounds) with the same thread count (2) for onnxruntime and TVM, reported as ratios to
 onnxruntime; numerics of every TVM variant against onnxruntime (max abs and max relative difference).
-Goals (issue 6): rules <= 3x onnxruntime on ResNet-18/50 and MobileNetV2, >= 20x faster than TVM's default
+Goals: rules <= 3x onnxruntime on ResNet-18/50 and MobileNetV2, >= 20x faster than TVM's default
 pipeline on every zoo CNN; rules + bounded tuning <= 1.5x onnxruntime on ResNet-18.
 
     TVM_NUM_THREADS=2 python benchmarks/cpu_kernels.py [--models resnet18 ...] [--tune-minutes 10]

@@ -1,4 +1,4 @@
-"""Latency-predictor benchmark: the honest error report of issue 3 as JSON + markdown + scatter PNG.
+"""Latency-predictor benchmark: the honest error report of the CPU predictors as JSON + markdown + scatter PNG.
 
 Runs :func:`predictors.training.evaluate_db` on a profile database made by ``hetpart profile`` (leave-one-model-
 out over the zoo variants, leave-one-family-out, the polynomial predictor against the FLOPs x constant,
@@ -133,7 +133,7 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
               "against the others' median (the stricter floor).", ""]
     for session, v in sorted(floor.get("sessions", {}).items(), key=lambda kv: -kv[1]["n"]):
         state = "quiet" if v["quiet"] else "contended, not used"
-        lines.append(f"- session {session}: {v['n']} kernels, canary {v['canary_vs_reference']:.3f}x the reference "
+        lines.append(f"- session `{session}`: {v['n']} kernels, canary {v['canary_vs_reference']:.3f}x the reference "
                      f"({state}); median {_pct(v['median_signed_error_vs_label'])} vs the label, "
                      f"{_pct(v['within_10pct_of_label'])} within ±10%")
     for key in sorted(k for k in floor if k.startswith(("between_sessions", "retest"))):

@@ -7,7 +7,7 @@ predictor JSON (fitted on whatever CPU its provenance names) and writes ``predic
 ratio measured / predicted per kernel and per model, for the predictor as fitted; scaled by the calibration suite
 timed on this host now (:mod:`predictors.host_calibration`, what ``hetpart compile`` does on a CPU without its own
 predictor; only when this host's CPU is the database's); and scaled by the ratio of the profiler's canary kernels
-(the database's over the predictor's: what ``hetpart compile`` did before session 17, kept for comparison). This is
+(the database's over the predictor's: what ``hetpart compile`` did before it timed a calibration suite, kept for comparison). This is
 why hetpart ships one predictor per CPU core type and warns when the host's CPU is not the one a predictor was
 measured on.
 """
@@ -110,7 +110,7 @@ def render_markdown(r: dict, command: str) -> str:
         c = r["canary_scaling"]
         lines += [f"- scaled x{c['speed_ratio']:.2f} by the canary ratio (256³ float32 matmul, {c['host_threads']} "
                   f"threads: {c['predictor_canary_us']:.1f} µs on {r['fitted_on']}, {c['host_canary_us']:.1f} µs on "
-                  f"{r['measured_on']}; what `hetpart compile` did before session 17):", *_summary(r["canary_scaled"])]
+                  f"{r['measured_on']}; what `hetpart compile` did before it timed a calibration suite):", *_summary(r["canary_scaled"])]
         variants.append(("canary_scaled", "canary-scaled"))
     lines += ["", "| model | measured µs | " + " | ".join(f"{label}: predicted µs | {label}: m / p"
                                                       for _, label in variants) + " |",

@@ -36,6 +36,9 @@ def tuning_database_dir() -> Path:
 def resolve_model_path(model: str | Path, *, batch: int | None = None, size: int | None = None,
                        weights: str = "random") -> Path:
     """An existing file path as is; a zoo name (``resnet50``) built (and cached) as an ONNX file."""
+    for what, value in (("batch", batch), ("size", size)):
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ModelLoadError(f"{what} must be a positive integer; found {value!r}")
     path = Path(model)
     if path.exists() or path.suffix.lower() == ".onnx" or os.sep in str(model):
         return path

@@ -1,4 +1,5 @@
 """``hetpart`` command line: a thin layer over :mod:`hetpart.api` (argument parsing, tables, exit codes)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,14 @@ from hetpart.threads import ensure_tvm_threads
 
 log = logging.getLogger("hetpart")
 
+DESCRIPTION = ("Compile a DNN (ONNX file, zoo model) to run across a CPU and a GPU together: predict every kernel's "
+               "latency on every device, plan which device runs what, build one executable and a readable report.")
+EPILOG = ("examples:\n"
+          "  hetpart zoo\n"
+          "  hetpart compile googlenet --devices cpu,gpu=jetson-orin -o hetpart-out/googlenet\n"
+          "  hetpart run hetpart-out/googlenet --check\n"
+          "  hetpart analyze model.onnx --input-shape input=1,3,224,224")
+
 
 def _console():
     from rich.console import Console
@@ -23,16 +32,53 @@ def _console():
     return console
 
 
-def _setup_logging(verbose: int) -> None:
+def _setup_logging(verbose: int, quiet: bool = False) -> None:
     from rich.console import Console
     from rich.logging import RichHandler
 
-    level = logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO
-    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
+    level = logging.WARNING if quiet else logging.DEBUG if verbose >= 2 else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", force=True,
                         handlers=[RichHandler(show_path=False, rich_tracebacks=False,
-                                              console=Console(stderr=True, width=160))])
+                                              console=Console(file=_log_stream(), width=160))])
     for noisy in ("onnxslim", "matplotlib", "PIL"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    _route_warnings(verbose)
+
+
+def _log_stream():
+    """The log's own handle on the terminal's stderr: a duplicate of file descriptor 2 taken now, so log lines still
+    reach the user while TVM's native output on descriptor 2 is captured (:mod:`tvm_passes.native_log`)."""
+    import os
+
+    try:
+        sys.stderr.flush()
+        return os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
+    except (OSError, ValueError):
+        return sys.stderr
+
+
+def _route_warnings(verbose: int) -> None:
+    """Python warnings become one log line each (no source lines): hetpart's own at WARNING, third-party
+    deprecation notices (torch, TVM) at DEBUG, other third-party warnings at INFO."""
+    import warnings
+
+    from hetpart.errors import DegeneratePlanWarning, ExtrapolationWarning
+
+    ours = (DegeneratePlanWarning, ExtrapolationWarning)
+    log_warnings = logging.getLogger("hetpart.warnings")
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if issubclass(category, ours):
+            level = logging.WARNING
+        elif issubclass(category, (DeprecationWarning, FutureWarning, PendingDeprecationWarning)):
+            level = logging.DEBUG
+        else:
+            level = logging.INFO
+        log_warnings.log(level, "%s: %s", category.__name__, message)
+
+    warnings.showwarning = show
+    if verbose < 2:
+        warnings.filterwarnings("once")
 
 
 def _fmt_count(value: float, unit: str = "") -> str:
@@ -104,13 +150,15 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from hetpart.report import summary
 
     out_dir = args.output or Path("hetpart-out") / Path(str(args.model)).stem
+    if args.output is None:
+        log.info("no -o given: writing %s", out_dir)
     console = _console()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True) as progress:
         task = progress.add_task("starting", total=None)
         compiled = api.compile(args.model, devices=args.devices, method=args.method, pins=_parse_pins(args.pin),
                                plan=args.plan, input_shapes=args.input_shape, batch=args.batch, size=args.size,
-                               cpu_predictor=args.cpu_predictor, output_dir=out_dir,
+                               cpu_predictor=args.cpu_predictor, output_dir=out_dir, overwrite=args.force,
                                progress=lambda msg: (progress.update(task, description=msg), log.info("%s", msg)))
     s = summary(compiled._report_data())
     console.print(f"[bold]{s['model']}[/bold]: {s['method']} plan, predicted {s['makespan_us']:,.0f} µs per inference")
@@ -118,11 +166,31 @@ def cmd_compile(args: argparse.Namespace) -> int:
         console.print(f"  {name:>8}: {value:>12,.0f} µs  ({value / s['makespan_us']:.2f}x the hetpart plan)")
     for device, row in s["per_device"].items():
         console.print(f"  {device}: {row['kernels']} kernels, {row['flops_share']:.1%} of FLOPs")
-    console.print(f"  copies: {s['copies']} ({s['copied_bytes'] / 1e6:.2f} MB)")
+    console.print(_partition_verdict(s))
+    console.print(f"  copies per inference: {s['copies']} ({s['copied_bytes'] / 1e6:.2f} MB, predicted)")
+    if s.get("weight_upload_bytes"):
+        count = "" if s.get("weight_uploads") is None else f"{s['weight_uploads']} weight tensors, "
+        console.print(f"  uploaded once at load: {count}{s['weight_upload_bytes'] / 1e6:.2f} MB")
     if s["emulated"]:
-        console.print("  [yellow]GPU EMULATED[/yellow]: no CUDA here; the executable's GPU part runs on a second CPU device")
+        console.print("  [yellow]GPU EMULATED[/yellow]: no CUDA here; the executable's GPU part runs on the CPU")
     console.print(f"report: {out_dir / 'report.md'} (and report.html); run it with `hetpart run {out_dir}`")
     return 0
+
+
+def _partition_verdict(s: dict) -> str:
+    """One line: does the plan split the model, and what does that buy over the best single device."""
+    used = [d for d, row in s["per_device"].items() if row["kernels"]]
+    singles = {k: v for k, v in s["baselines_us"].items() if k in ("all_cpu", "all_gpu")}
+    if len(used) > 1 and singles:
+        best = min(singles, key=singles.get)
+        return (f"  [bold]the plan uses both devices[/bold]: predicted {singles[best] / s['makespan_us']:.2f}x as fast "
+                f"as the best single device ({best})")
+    if len(used) > 1:
+        return "  the plan uses both devices"
+    if len(s["per_device"]) > 1:
+        return (f"  the plan keeps every kernel on {used[0]}: splitting this model does not pay on these devices "
+                "(copies would cost more than running branches side by side saves)")
+    return f"  one device offered: every kernel runs on {used[0]}"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -131,69 +199,85 @@ def cmd_run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from hetpart import api
+    from hetpart.check import compare_outputs, load_input_file, onnxruntime_reference, sample_inputs
     from hetpart.errors import InputMismatchError
+    from hetpart.graph import OpGraph
 
     runtime = api.load(args.directory)
     console = _console()
-    named = {}
-    for item in args.input:
-        name, sep, path = item.partition("=")
-        if not sep:
-            raise InputMismatchError(f"--input {item!r} must look like NAME=FILE.npy")
-        named[name] = np.load(path)
+    named = dict(load_input_file(item) for item in args.input)
     if not named:
-        rng = np.random.default_rng(0)
-        named = {str(i["name"]): rng.standard_normal(i["shape"]).astype(i["dtype"])
-                 if str(i["dtype"]).startswith("float") else np.zeros(i["shape"], dtype=i["dtype"])
-                 for i in runtime.manifest.inputs}
-        console.print("no --input given: running on seeded random inputs")
+        graph_path = Path(args.directory) / "graph.json"
+        graph = OpGraph.load(graph_path) if graph_path.exists() else None
+        named = sample_inputs(runtime.manifest.inputs, graph, seed=args.seed)
+        console.print(f"no --input given: running on random inputs (seed {args.seed}; integer inputs drawn from "
+                      "their valid range)")
     outputs = runtime(**named)
     console.print(repr(runtime), markup=False)
     for k, out in enumerate(outputs):
         console.print(f"output {k}: shape {list(out.shape)} {out.dtype}, mean {float(np.mean(out)):.6g}")
-        if args.save:
-            np.save(Path(args.save) / f"output{k}.npy", out)
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+        for k, out in enumerate(outputs):
+            np.save(args.save / f"output{k}.npy", out)
+        console.print(f"wrote {len(outputs)} output(s) to {args.save}/output<k>.npy")
     if args.check:
-        import onnxruntime as ort
-
         info = json.loads((Path(args.directory) / "compile.json").read_text())
         if not info.get("onnx_path") or not Path(info["onnx_path"]).exists():
             raise InputMismatchError("--check needs the imported ONNX model, which this directory does not "
-                                     "reference (a torch model, or the cache was cleared)")
-        session = ort.InferenceSession(info["onnx_path"], providers=["CPUExecutionProvider"])
-        feeds = {i.name: named[i.name] for i in session.get_inputs() if i.name in named}
-        expected = session.run(None, feeds)
-        worst = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, expected))
-        ok = worst <= args.atol
-        console.print(f"check vs onnxruntime: max |diff| = {worst:.3g} ({'OK' if ok else 'FAILED'}, atol {args.atol})")
-        return 0 if ok else 1
+                                     "reference (a torch model, or the cache was cleared): recompile from the "
+                                     "ONNX file, or compare with --save")
+        result = compare_outputs(outputs, onnxruntime_reference(info["onnx_path"], named), rtol=args.rtol,
+                                 atol=args.atol)
+        console.print(f"check vs onnxruntime: {result.describe()}")
+        return 0 if result.ok else 1
     return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     import json
+    import time
 
     from hetpart import api
     from tvm_passes.schedules import default_cpu_target
     from tvm_passes.tune import tune_model
 
+    started_s = time.monotonic()
+    console = _console()
+    console.print(f"importing {args.model}", markup=False)
     imported = api.import_model(args.model, input_shapes=args.input_shape, batch=args.batch, size=args.size)
     database = args.database or api.tuning_database_dir()
-    console = _console()
+    import_minutes = (time.monotonic() - started_s) / 60.0  # the import counts against the budget too
+    budget_minutes = args.budget_minutes - import_minutes if args.budget_minutes > 0 else args.budget_minutes
+    if args.budget_minutes > 0 >= budget_minutes:
+        raise HetpartError(f"--budget-minutes must leave time for tuning after the model import; importing "
+                           f"{args.model} took {time.monotonic() - started_s:,.0f} s of the {args.budget_minutes} "
+                           "minute budget. Pass a larger --budget-minutes.")
 
     def progress(p) -> None:
         last = "" if p.last is None else (
             f" — {p.last.name}: rules {p.last.rule_latency_us:,.0f} µs"
             + ("" if p.last.tuned_latency_us is None else f", tuned {p.last.tuned_latency_us:,.0f} µs")
             + (" (kept)" if p.last.kept else ""))
-        console.print(f"[{p.done_kernels}/{p.total_kernels} kernels, {p.trials_used}/{p.trials_requested} trials, "
-                      f"{p.elapsed_s:,.0f} s]{last}", markup=False)
+        detail = f" {p.detail}" if p.detail and p.last is None and p.phase != "done" else ""
+        console.print(f"[{p.phase}: {p.done_kernels}/{p.total_kernels} kernels, {p.trials_used}/{p.trials_requested} "
+                      f"trials, {p.elapsed_s:,.0f} s]{last}{detail}", markup=False)
 
-    report = tune_model(imported.mod, default_cpu_target(), trials=args.trials, budget_minutes=args.budget_minutes,
+    report = tune_model(imported.mod, default_cpu_target(), trials=args.trials, budget_minutes=budget_minutes,
                         database_dir=database, progress=progress)
     kept = [k for k in report.kernels if k.kept]
-    console.print(f"tuned {len(report.kernels)} kernels in {report.elapsed_s:,.0f} s, kept {len(kept)} faster "
-                  f"schedules in {database}{' (interrupted: what was tuned is kept)' if report.interrupted else ''}")
+    console.print(f"tuned {len(report.kernels)} kernels with {report.trials_used} trials in {report.elapsed_s:,.0f} s, "
+                  f"kept {len(kept)} faster schedules in {database}"
+                  f"{' (interrupted: what was tuned is kept)' if report.interrupted else ''}", markup=False)
+    if report.already_tuned:
+        console.print(f"{report.already_tuned} kernels already had a record and were skipped", markup=False)
+    for note in report.notes:
+        console.print(note, markup=False)
+    if report.skipped:
+        names = ", ".join(k.name for k in report.skipped[:8]) + (", ..." if len(report.skipped) > 8 else "")
+        reasons = Counter(k.reason for k in report.skipped)
+        console.print(f"not tuned: {len(report.skipped)} kernels ({'; '.join(f'{n} {r}' for r, n in reasons.items())})"
+                      f": {names}", markup=False)
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
     return 130 if report.interrupted else 0
@@ -216,17 +300,44 @@ def cmd_zoo(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ parser
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; found {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer; found {value}")
+    return value
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX file or zoo model name (see `hetpart zoo`)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, e.g. --input-shape input=1,3,224,224 (repeatable)")
-    p.add_argument("--batch", type=int, default=None, help="batch size for zoo models (default 1)")
-    p.add_argument("--size", type=int, default=None, help="input size for zoo models (H=W, or sequence length)")
+    p.add_argument("--batch", type=_positive_int, default=None, help="batch size for zoo models (default 1)")
+    p.add_argument("--size", type=_positive_int, default=None,
+                   help="input size for zoo models (H=W, or sequence length)")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hetpart")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hetpart", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    from hetpart.check import DEFAULT_ATOL, DEFAULT_RTOL
+    from hetpart.partition import DEFAULT_METHOD, METHODS
+
+    parser = argparse.ArgumentParser(prog="hetpart", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-vv: debug, and every Python warning)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("analyze", help="per-op features, FLOPs, bytes and the dependency matrix of a model")
@@ -240,33 +351,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="plan a model across CPU and GPU and build one executable + report")
     _add_model_args(p)
-    p.add_argument("--devices", default="cpu,gpu", help="cpu,gpu=<preset> (presets: p2200, t4, a100, rtx3090, "
-                   "jetson-orin; default p2200) or cpu")
-    p.add_argument("--method", default="cp_greedy", help="cp_greedy (default), heft, greedy, all_cpu, all_gpu, milp")
+    p.add_argument("--devices", default=None, help="cpu,gpu=<preset> (presets: p2200, t4, a100, rtx3090, "
+                   "jetson-orin; gpu alone means p2200) or cpu; default: the devices of --plan, else cpu,gpu")
+    p.add_argument("--method", default=DEFAULT_METHOD, choices=sorted(METHODS), metavar="METHOD",
+                   help=f"partitioner: {', '.join(sorted(METHODS))} (default {DEFAULT_METHOD}; milp and "
+                   "exhaustive are exact and only for small graphs)")
     p.add_argument("--pin", action="append", default=[], metavar="OP=DEVICE",
                    help="force ops (name, glob, or op:relax.nn.conv2d) onto a device (repeatable)")
     p.add_argument("--plan", type=Path, help="use this plan.json (e.g. an edited one) instead of planning")
     p.add_argument("--cpu-predictor", type=Path, help="CPU latency predictor JSON (default: the shipped one)")
-    p.add_argument("-o", "--output", type=Path, help="output directory (default hetpart-out/MODEL)")
+    p.add_argument("-o", "--output", type=Path, help="output directory, new or empty (default hetpart-out/MODEL)")
+    p.add_argument("--force", action="store_true", help="replace an earlier hetpart output in the output directory "
+                   "(files hetpart did not write are never deleted)")
     p.set_defaults(func=cmd_compile)
 
     p = sub.add_parser("run", help="run a compiled model directory")
-    p.add_argument("directory", type=Path)
-    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
-    p.add_argument("--check", action="store_true", help="compare the outputs with onnxruntime")
-    p.add_argument("--atol", type=float, default=1e-4)
+    p.add_argument("directory", type=Path, help="a directory written by `hetpart compile -o DIR`")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input array (repeatable); default: seeded random inputs in each input's valid range")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--check", action="store_true", help="compare the outputs with onnxruntime's; exit 1 if they "
+                   "differ by more than the tolerance")
+    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL,
+                   help=f"relative tolerance of --check (default {DEFAULT_RTOL:g})")
+    p.add_argument("--atol", type=float, default=DEFAULT_ATOL,
+                   help=f"absolute tolerance of --check (default {DEFAULT_ATOL:g})")
     p.add_argument("--save", type=Path, help="directory to write output<k>.npy into")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("tune", help="bounded MetaSchedule tuning of a model's CPU kernels (persistent database)")
     _add_model_args(p)
     p.add_argument("--trials", type=int, default=64, help="MetaSchedule trials in total")
-    p.add_argument("--budget-minutes", type=float, default=30.0, help="wall-clock budget")
+    p.add_argument("--budget-minutes", type=float, default=30.0,
+                   help="wall-clock budget, model import included; no work starts that is not expected to fit")
     p.add_argument("--database", type=Path, help="tuning database dir (default ~/.cache/hetpart/tuning)")
     p.add_argument("--json", type=Path, help="write the tuning report as JSON")
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("zoo", help="list the built-in models")
+    p = sub.add_parser("zoo", help="list the built-in models (random weights, built on first use)")
     p.set_defaults(func=cmd_zoo)
 
     from hetpart import cli_predictors  # profile / fit / evaluate
@@ -279,9 +401,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ensure_tvm_threads()   # before any subcommand loads TVM: profiles and deployments must use the same count
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.verbose)
+    _setup_logging(args.verbose, args.quiet)
+    import contextlib
+
+    from tvm_passes.native_log import native_output_to_log
+
+    # TVM's C++ warnings go through the log (after the command, at their level); -vv shows them as they come
+    capture = contextlib.nullcontext() if args.verbose >= 2 else native_output_to_log()
     try:
-        return int(args.func(args) or 0)
+        with capture:
+            return int(args.func(args) or 0)
     except HetpartError as exc:  # one line, typed: what must hold, what was found, the fix
         sys.stderr.write(f"hetpart: error: {type(exc).__name__}: {exc}\n")
         return 2

@@ -6,16 +6,11 @@ a device there and pass it back with ``--plan`` to compile exactly that placemen
 """
 from __future__ import annotations
 
-import functools
 import json
-import os
 import logging
-import shutil
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -23,21 +18,25 @@ import numpy as np
 
 from hetpart.costs import CostTable
 from hetpart.devices import (DEFAULT_GPU_PRESET, DeviceSet, cpu_device, gpu_from_preset, preset_links)
-from hetpart.errors import DegeneratePlanWarning, InvalidPlanError, PredictorError, UnknownDeviceError
+from hetpart.errors import DegeneratePlanWarning, InvalidPlanError, UnknownDeviceError
 from hetpart.graph import OpGraph
 from hetpart.plan import Plan, Timeline
-from hetpart.threads import deployment_threads
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CPU_PREDICTOR = "cpu_default.json"
 COMPILE_INFO = "compile.json"
+DEFAULT_DEVICES = "cpu,gpu"
 
 
 @dataclass(frozen=True)
 class DeviceChoice:
     devices: DeviceSet
     gpu_preset: str | None          # analytic preset for the GPU's costs (None: no GPU offered)
+
+    @property
+    def spec(self) -> str:
+        """The canonical ``--devices`` string (``cpu`` or ``cpu,gpu=<preset>``), recorded in every plan."""
+        return "cpu" if self.gpu_preset is None else f"cpu,gpu={self.gpu_preset}"
 
 
 def parse_devices(spec: str | Sequence[str]) -> DeviceChoice:
@@ -53,127 +52,13 @@ def parse_devices(spec: str | Sequence[str]) -> DeviceChoice:
         if name != "gpu" or preset is not None:
             raise UnknownDeviceError(f"unknown device {item!r} in {spec!r}: hetpart plans for one cpu and at most "
                                      "one gpu (gpu=<preset>, e.g. gpu=t4)")
-        preset = value or DEFAULT_GPU_PRESET
+        preset = (value or DEFAULT_GPU_PRESET).lower()
         if preset == "cuda":
             raise UnknownDeviceError("gpu=cuda needs a measured GPU predictor, which only a machine with CUDA can "
                                      "produce (`hetpart profile --device gpu`); use a datasheet preset such as gpu=t4")
         devices.append(gpu_from_preset(preset))
         links.extend(preset_links(preset))
     return DeviceChoice(DeviceSet(tuple(devices), tuple(links)).validate(), preset)
-
-
-@functools.lru_cache(maxsize=1)
-def host_cpu_name() -> str:
-    """LLVM's name for this host's CPU core (TVM's ``-mcpu``, e.g. ``znver4``): what compiled kernels are tuned
-    for, and so what a CPU predictor's measurements are valid for (asked once per process)."""
-    from tvm_passes.schedules.pipeline import default_cpu_target
-
-    return str(default_cpu_target().attrs["mcpu"])
-
-
-def cpu_predictor_path_for(cpu_name: str) -> Path:
-    """predictors/data/cpu_<cpu_name>.json: where ``hetpart fit`` writes, and the loader looks first."""
-    return Path(str(resources.files("predictors") / "data" / f"cpu_{cpu_name}.json"))
-
-
-def default_cpu_predictor_path(cpu_name: str | None = None) -> Path:
-    """The predictor fitted for this host's CPU (``cpu_<mcpu>.json``) if there is one, else ``cpu_default.json``.
-
-    One machine kind is not one CPU here: the same 2-core VMs ran on AMD Zen 5 (znver5), Zen 4 (znver4) and Intel
-    (rocketlake) cores, where the profiler's canary kernel takes 70, 147-152 and 105 µs and other kernels differ by
-    other factors, so a predictor is only valid on the CPU it was measured on (:func:`load_cpu_predictor` scales one
-    from another CPU by a calibration suite timed on the host)."""
-    cpu_name = cpu_name if cpu_name is not None else host_cpu_name()
-    matched = cpu_predictor_path_for(cpu_name)
-    return matched if matched.exists() else Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
-
-
-def resolve_cpu_predictor_path(path: str | Path | None = None) -> Path:
-    """``path``, else $HETPART_CPU_PREDICTOR, else :func:`default_cpu_predictor_path`."""
-    return Path(path or os.environ.get("HETPART_CPU_PREDICTOR") or default_cpu_predictor_path())
-
-
-def predictor_rules_version(predictor: Any) -> int | None:
-    """The version of hetpart's CPU schedule rules (``tvm_passes.schedules.RULES_VERSION``) that compiled the
-    kernels a predictor was fitted on, from the pipeline versions its profile database recorded; None when the
-    predictor does not record them (fitted before they were kept)."""
-    found = [int(part.removeprefix("rules-")) for version in
-             predictor.fit_info.get("training", {}).get("pipeline_versions", ())
-             for part in str(version).split(".") if part.startswith("rules-") and part[6:].isdigit()]
-    return max(found) if found else None
-
-
-def stale_rules_note(predictor: Any) -> str | None:
-    """Why a predictor's costs may be stale for this hetpart's kernels (older CPU rules), or None."""
-    from tvm_passes.schedules import RULES_VERSION
-
-    fitted = predictor_rules_version(predictor)
-    if fitted is not None and fitted >= RULES_VERSION:
-        return None
-    when = f"CPU rules v{fitted}" if fitted is not None else "CPU rules it does not record"
-    return (f"fitted on kernels compiled by {when}; this hetpart compiles v{RULES_VERSION}, so the costs of the "
-            "kernels the newer rules changed are stale (tvm_passes/schedules/__init__.py lists each version's change)")
-
-
-def cpu_cost_note(predictor: Any, path: Path) -> str:
-    """One line for the report: which predictor gave the CPU costs, the CPU it was measured on and, when it was
-    scaled to this host by the calibration suite (:mod:`predictors.host_calibration`), by how much."""
-    fitted = predictor.fit_info.get("fit_date", "at an unrecorded date")
-    note = (f"CPU costs: {path.name}, measured on a {predictor.target.get('mcpu', 'unrecorded')} CPU with "
-            f"{predictor.num_threads or 'an unrecorded number of'} TVM thread(s), fitted {fitted}; this host's CPU: "
-            f"{host_cpu_name()}")
-    scaling = getattr(predictor, "scaling", None)
-    if scaling:
-        note += (f"; scaled x{scaling['speed_ratio']:.2f} to this host: the geometric mean of measured / predicted "
-                 f"over {scaling['n_kernels']} calibration kernels timed here with {scaling['host_threads']} "
-                 f"thread(s) (x{scaling['kernel_ratio_min']:.2f} to x{scaling['kernel_ratio_max']:.2f} per kernel)")
-    stale = stale_rules_note(predictor)
-    if stale:
-        note += f"; {stale}"
-    return note
-
-
-def load_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = True):
-    """The CPU predictor: ``path``, else $HETPART_CPU_PREDICTOR, else the shipped one for this host's CPU
-    (:func:`default_cpu_predictor_path`).
-
-    When it was measured on another CPU or with another TVM thread count, this warns and -- unless
-    ``scale_to_host=False`` -- times a calibration suite here and scales every prediction by the host's speed
-    ratio (:class:`predictors.host_calibration.HostScaledPredictor`; ~5 s the first time on a host, then cached)."""
-    from predictors.device_predictor import DevicePredictor
-    from predictors.host_calibration import scale_to_host as scale
-
-    path = resolve_cpu_predictor_path(path)
-    if not path.exists():
-        raise PredictorError(f"no CPU latency predictor at {path}; build one with `hetpart profile --device cpu "
-                             "--budget-minutes 60` and `hetpart fit`, or pass --cpu-predictor FILE")
-    predictor = DevicePredictor.load(path)
-    fitted_on, host = str(predictor.target.get("mcpu", "")), host_cpu_name()
-    threads = deployment_threads()
-    foreign_cpu = bool(fitted_on) and fitted_on != host
-    foreign_threads = bool(predictor.num_threads) and predictor.num_threads != threads
-    result = predictor
-    if scale_to_host and (foreign_cpu or foreign_threads):
-        try:
-            result = scale(predictor, host, threads)
-        except PredictorError as exc:       # e.g. TVM's pool already runs another thread count than deployments
-            log.warning("cannot scale the CPU predictor to this host: %s", exc)
-    remedy = (f"scaled x{result.speed_ratio:.2f} by a calibration suite timed here, a first-order correction "
-              "(benchmarks/results/predictor_transfer*.md)" if result is not predictor else "not scaled")
-    if foreign_cpu:
-        log.warning("the CPU predictor %s was measured on a %s CPU; this host is a %s: its CPU costs are %s. "
-                    "Profile and fit on this host for costs measured here: `hetpart profile --device cpu "
-                    "--budget-minutes 60 && hetpart fit` writes %s, which is then used by default.",
-                    path, fitted_on, host, remedy, cpu_predictor_path_for(host))
-    if foreign_threads:
-        log.warning("the CPU predictor %s was fitted on kernels timed with %d TVM thread(s); this deployment runs %d "
-                    "(TVM_NUM_THREADS): its CPU costs are %s. Profile and fit with the deployment's "
-                    "TVM_NUM_THREADS.", path, predictor.num_threads, threads, remedy)
-    stale = stale_rules_note(predictor)
-    if stale:
-        log.warning("the CPU predictor %s was %s. Refit it on this host: `hetpart profile --device cpu "
-                    "--budget-minutes 60 && hetpart fit`.", path, stale)
-    return result
 
 
 def expand_plan(plan: Plan, kernels: OpGraph, ops: OpGraph) -> Plan:
@@ -187,7 +72,7 @@ def expand_plan(plan: Plan, kernels: OpGraph, ops: OpGraph) -> Plan:
         order.extend(members)
     return Plan(device_of=device_of, order=order, devices=plan.devices, method=plan.method,
                 makespan_us=plan.makespan_us, config=plan.config, graph_hash=ops.structure_hash(), level="op",
-                notes=plan.notes, stats=plan.stats).validate(ops)
+                notes=plan.notes, stats=plan.stats, device_spec=plan.device_spec).validate(ops)
 
 
 @dataclass
@@ -215,7 +100,10 @@ class CompiledModel:
                           baselines_us=self.baselines_us, why=self.why, op_graph=self.op_graph,
                           build=self.build.manifest.to_dict(), compile_seconds=self.seconds,
                           import_notes=tuple(self.source.get("import_notes", ())),
-                          cost_notes=tuple(self.source.get("cost_notes", ())))
+                          cost_notes=tuple(self.source.get("cost_notes", ())),
+                          weight_uploads=self.build.stats.get("weight_uploads"),
+                          weight_upload_bytes=self.build.stats.get("weight_upload_bytes"),
+                          program_copies_per_call=self.build.stats.get("copies_per_call"))
 
     def report(self) -> str:
         """The markdown report (images are referenced by file name, written by :meth:`save`)."""
@@ -223,15 +111,18 @@ class CompiledModel:
 
         return markdown(self._report_data(), {"gantt": "gantt.png", "graph": "graph.png"})
 
-    def save(self, directory: str | Path) -> Path:
-        """Write library, manifest, plans, costs and report to ``directory`` atomically (temp dir + rename)."""
+    def save(self, directory: str | Path, *, overwrite: bool = False) -> Path:
+        """Write library, manifest, plans, costs and report to ``directory``.
+
+        ``directory`` must be new or empty; an earlier hetpart output there is replaced only with
+        ``overwrite=True``, and nothing hetpart did not write is ever deleted (:mod:`hetpart.output_dir`). The
+        files are written into a temporary sibling and renamed into place, so an interrupted save leaves the
+        earlier output intact."""
+        from hetpart.output_dir import write_directory
         from hetpart.report import write_report
         from tvm_passes.artifact import export
 
-        target = Path(directory).resolve()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-        try:
+        def write(staging: Path) -> None:
             export(self.build, staging)
             self.plan.save(staging / "plan.json")
             self.op_plan.save(staging / "op_plan.json")
@@ -240,19 +131,8 @@ class CompiledModel:
             (staging / "timeline.json").write_text(json.dumps(self.timeline.to_dict()))
             (staging / COMPILE_INFO).write_text(json.dumps({**self.source, "seconds": self.seconds}, indent=1))
             write_report(self._report_data(), staging)
-            if target.exists():
-                backup = target.with_name(f".{target.name}.old")
-                if backup.exists():
-                    shutil.rmtree(backup)
-                target.rename(backup)
-                staging.rename(target)
-                shutil.rmtree(backup)
-            else:
-                staging.rename(target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return target
+
+        return write_directory(directory, write, overwrite=overwrite)
 
     def __call__(self, *args: Any, **named: Any) -> list[np.ndarray]:
         if not args and not named:
@@ -278,21 +158,48 @@ def _simulate_baselines(graph: OpGraph, costs: CostTable, config) -> dict[str, f
     return out
 
 
-def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str = "cp_greedy",
+def _given_plan(plan: str | Path | Plan | None, devices: str | Sequence[str] | None) -> tuple[Plan | None, DeviceChoice]:
+    """Read ``plan`` (if any) and choose the devices: ``devices`` if given, else the devices the plan was made for,
+    else :data:`DEFAULT_DEVICES`. A plan made for other devices than ``devices`` is refused."""
+    chosen = None if plan is None else plan if isinstance(plan, Plan) else Plan.load(plan)
+    recorded = chosen.device_spec if chosen is not None else ""
+    if devices is None:
+        if chosen is not None and not recorded:
+            log.warning("the plan does not record the devices it was made for (written by an older hetpart); "
+                        "planning for --devices %s", DEFAULT_DEVICES)
+        devices = recorded or DEFAULT_DEVICES
+    choice = parse_devices(devices)
+    if recorded and parse_devices(recorded).spec != choice.spec:
+        raise InvalidPlanError(f"the plan was made for --devices {recorded}, not {choice.spec}: its costs and "
+                               f"placement are for those devices. Drop --devices to reuse the plan's, or re-plan "
+                               f"for {choice.spec} without --plan")
+    return chosen, choice
+
+
+def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: str | None = None,
             pins: Mapping[str, str] | None = None, plan: str | Path | Plan | None = None,
             input_shapes: Any = None, example_inputs: Sequence[Any] | None = None, batch: int | None = None,
             size: int | None = None, cpu_predictor: str | Path | None = None, emulate_gpu: bool | None = None,
-            output_dir: str | Path | None = None,
+            output_dir: str | Path | None = None, overwrite: bool = False,
             progress: Callable[[str], None] | None = None) -> CompiledModel:
-    """Compile ``model`` (ONNX path, zoo name, or torch.nn.Module + ``example_inputs``) for a CPU+GPU machine."""
+    """Compile ``model`` (ONNX path, zoo name, or torch.nn.Module + ``example_inputs``) for a CPU+GPU machine.
+
+    ``devices``: ``"cpu,gpu=<preset>"`` (default ``cpu,gpu``: the p2200 preset), or the devices ``plan`` was made
+    for. ``method``: a partitioner of :data:`hetpart.partition.METHODS` (default ``DEFAULT_METHOD``). ``plan``: a
+    plan.json (or Plan) to compile as it is instead of planning. ``output_dir``: write the executable, plans and
+    report there; it must be new or empty, or an earlier hetpart output with ``overwrite=True``. Every argument is
+    checked before the model is imported."""
     from hetpart import api
-    from hetpart.partition import PartitionConfig, explain, get_method
+    from hetpart.output_dir import check_writable
+    from hetpart.partition import DEFAULT_METHOD, PartitionConfig, explain, get_method
     from hetpart.simulate import simulate
     from predictors.analytic import AnalyticGpuModel
     from predictors.costs import build_cost_table
+    from predictors.registry import load_host_cpu_predictor
     from tvm_passes.annotate import annotate_module
     from tvm_passes.build import build, cuda_available
     from tvm_passes.extract import extract_op_graph
+    from tvm_passes.tuning_db import has_database
 
     say = progress or (lambda msg: log.info("%s", msg))
     seconds: dict[str, float] = {}
@@ -304,7 +211,11 @@ def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str
         seconds[name] = round(now - started, 2)
         started = now
 
-    choice = parse_devices(devices)
+    method = method or DEFAULT_METHOD
+    solve = get_method(method)
+    given_plan, choice = _given_plan(plan, devices)
+    if output_dir is not None:
+        check_writable(output_dir, overwrite=overwrite)
     say("importing model")
     imported = api.import_model(model, input_shapes=input_shapes, example_inputs=example_inputs, batch=batch,
                                 size=size)
@@ -315,16 +226,15 @@ def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str
     graph = op_graph.kernel_graph()
     lap("analyze")
     say(f"predicting latencies of {graph.num_ops} kernels on {', '.join(choice.devices.names)}")
-    cpu_path = resolve_cpu_predictor_path(cpu_predictor)
-    predictors: dict[str, Any] = {"cpu": load_cpu_predictor(cpu_path)}
+    cpu = load_host_cpu_predictor(cpu_predictor)
+    predictors: dict[str, Any] = {"cpu": cpu.predictor}
     if choice.gpu_preset is not None:
         predictors["gpu"] = AnalyticGpuModel(choice.gpu_preset)
     costs = build_cost_table(graph, predictors, choice.devices)
     lap("costs")
     config = PartitionConfig(pins=dict(pins or {}))
-    if plan is not None:
-        chosen = plan if isinstance(plan, Plan) else Plan.load(plan)
-        chosen = chosen.validate(graph)
+    if given_plan is not None:
+        chosen = given_plan.validate(graph)
         if set(chosen.devices) != set(choice.devices.names):
             raise InvalidPlanError(f"the plan uses devices {list(chosen.devices)} but --devices offers "
                                    f"{list(choice.devices.names)}")
@@ -333,8 +243,9 @@ def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str
         chosen = replace(chosen, makespan_us=timeline.makespan_us, pins=dict(pins or chosen.pins)).validate(graph)
     else:
         say(f"partitioning with {method}")
-        chosen = get_method(method)(graph, costs, config)
+        chosen = solve(graph, costs, config)
         timeline = simulate(graph, costs, chosen)
+    chosen = replace(chosen, device_spec=choice.spec)
     baselines = _simulate_baselines(graph, costs, config)
     why = explain(graph, costs, chosen)
     lap("plan")
@@ -344,19 +255,19 @@ def compile(model: Any, *, devices: str | Sequence[str] = "cpu,gpu", method: str
     annotated = annotate_module(imported.mod, op_plan, choice.devices)
     tuning = api.tuning_database_dir()
     built = build(annotated, choice.devices, emulate_gpu=emulate,
-                  tuning_database=tuning if any(tuning.glob("*.json")) else None)
+                  tuning_database=tuning if has_database(tuning) else None)
     lap("build")
     source = {"model": str(model) if isinstance(model, (str, Path)) else type(model).__name__,
               "name": imported.name, "source_kind": imported.source_kind, "source_hash": imported.source_hash,
               "onnx_path": str(imported.onnx_path) if imported.onnx_path else None,
               "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in imported.inputs],
               "devices": choice.devices.to_dict(), "method": chosen.method, "emulated": built.manifest.emulated,
-              "import_notes": list(imported.notes), "cost_notes": [cpu_cost_note(predictors["cpu"], cpu_path)]}
+              "import_notes": list(imported.notes), "cost_notes": [cpu.cost_note()]}
     result = CompiledModel(name=imported.name, op_graph=op_graph, graph=graph, costs=costs, plan=chosen,
                            op_plan=op_plan, timeline=timeline, baselines_us=baselines, build=built, why=why,
                            source=source, seconds=seconds)
     if output_dir is not None:
         say(f"writing {output_dir}")
-        result.save(output_dir)
+        result.save(output_dir, overwrite=overwrite)
         lap("save")
     return result

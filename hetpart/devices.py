@@ -100,7 +100,7 @@ class GpuPreset:
 # Public datasheet figures. PCIe 3.0 x16 = 15.75 GB/s, PCIe 4.0 x16 = 31.5 GB/s per direction (PCI-SIG).
 # Launch overhead ~5 us and copy latency ~10 us are typical CUDA figures (CUDA C Best Practices Guide).
 GPU_PRESETS: dict[str, GpuPreset] = {p.name: p for p in (
-    GpuPreset("p2200", "NVIDIA Quadro P2200 (Pascal, 1280 CUDA cores; the seed thesis' GPU)",
+    GpuPreset("p2200", "NVIDIA Quadro P2200 (Pascal, 1280 CUDA cores)",
               3.8e12, 200 * GB_PER_S, 5 * GIB, "sm_61", 15.75 * GB_PER_S, 10.0, 5.0,
               "NVIDIA Quadro P2200 datasheet: 3.8 TFLOPS FP32, 5 GB GDDR5X, 200 GB/s, PCIe 3.0 x16"),
     GpuPreset("t4", "NVIDIA T4 (Turing, 70 W)",

@@ -87,3 +87,11 @@ class InputMismatchError(HetpartError, ValueError):
 
 class DegeneratePlanWarning(UserWarning):
     """Both devices were offered but the plan uses only one."""
+
+
+class OutputDirError(HetpartError, FileExistsError):
+    """An output path cannot be written without touching files hetpart did not write."""
+
+
+class UsageError(HetpartError, ValueError):
+    """A command-line or API argument is malformed or names an unknown choice."""

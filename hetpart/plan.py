@@ -59,6 +59,7 @@ class Plan:
     level: str = "op"
     notes: tuple[str, ...] = ()         # warnings and facts worth showing (e.g. "degenerate: all on gpu")
     stats: Mapping[str, Any] = field(default_factory=dict)   # planner wall time, MILP gap, iterations, ...
+    device_spec: str = ""               # the devices planned for, as given to --devices ("cpu,gpu=t4"); "" unknown
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -112,7 +113,8 @@ class Plan:
         return {"schema_version": self.schema_version, "method": self.method, "devices": list(self.devices),
                 "makespan_us": self.makespan_us, "graph_hash": self.graph_hash, "level": self.level,
                 "pins": dict(self.pins), "config": dict(self.config), "notes": list(self.notes),
-                "stats": dict(self.stats), "order": list(self.order), "device_of": list(self.device_of)}
+                "stats": dict(self.stats), "device_spec": self.device_spec, "order": list(self.order),
+                "device_of": list(self.device_of)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Plan":
@@ -122,7 +124,7 @@ class Plan:
                        method=data["method"], makespan_us=data.get("makespan_us"), pins=data.get("pins", {}),
                        config=data.get("config", {}), graph_hash=data.get("graph_hash", ""),
                        level=data.get("level", "op"), notes=data.get("notes", ()), stats=data.get("stats", {}),
-                       schema_version=data["schema_version"]).validate()
+                       device_spec=str(data.get("device_spec", "")), schema_version=data["schema_version"]).validate()
         except (KeyError, TypeError) as exc:
             raise SchemaError(f"Plan JSON is malformed ({type(exc).__name__}: {exc})") from exc
 
@@ -135,6 +137,12 @@ class Plan:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as exc:
             raise SchemaError(f"plan file {path} is not valid JSON: {exc}") from exc
+        except OSError as exc:
+            raise InvalidPlanError(f"cannot read plan file {path}: {exc.strerror or exc}; pass the plan.json a "
+                                   "compile wrote (hetpart compile ... -o DIR writes DIR/plan.json)") from exc
+        if not isinstance(data, dict):
+            raise SchemaError(f"plan file {path} must hold a JSON object (a plan.json hetpart wrote); found "
+                              f"{type(data).__name__}")
         plan = cls.from_dict(data)
         return plan.validate(graph) if graph is not None else plan
 

@@ -45,8 +45,11 @@ class CompiledRuntime:
             if not tvm.cuda(0).exist:
                 raise BuildError(f"{library.name} was built for a real CUDA GPU, and this machine has none; "
                                  "recompile with the GPU emulated (the default without CUDA) to run it here")
+        from tvm_passes.native_log import native_output_to_log
+
         try:
-            self._executable = tvm.runtime.load_module(str(library))
+            with native_output_to_log():
+                self._executable = tvm.runtime.load_module(str(library))
         except Exception as exc:
             raise BuildError(f"cannot load {library}: {exc}") from exc
         self._relax = relax

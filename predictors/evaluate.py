@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
 SIZE_BUCKETS = (("lt_10us", 0.0, 10.0), ("10_to_100us", 10.0, 100.0), ("ge_100us", 100.0, math.inf))
-GOALS = {  # issue 3 goals, checked on the polynomial under leave-one-model-out
+GOALS = {  # accuracy goals, checked on the polynomial under leave-one-model-out
     "kernel_ge_100us_mape": ("kernel", "ge_100us", "mape", 0.08, "max"),
     "kernel_ge_100us_within_10pct": ("kernel", "ge_100us", "within_10pct", 0.90, "min"),
     "kernel_10_to_100us_mape": ("kernel", "10_to_100us", "mape", 0.15, "max"),

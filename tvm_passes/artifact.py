@@ -13,6 +13,7 @@ import tvm
 from tvm import relax
 
 from hetpart.errors import BuildError, InputMismatchError, SchemaError
+from tvm_passes.native_log import native_output_to_log
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +130,8 @@ def export(result: BuildResult, out_dir: str | Path) -> BuildResult:
     out.mkdir(parents=True, exist_ok=True)
     library_path, manifest_path = out / result.manifest.library, out / MANIFEST_NAME
     try:
-        result.executable.export_library(str(library_path))
+        with native_output_to_log():
+            result.executable.export_library(str(library_path))
     except Exception as exc:  # TVM raises its own error types
         raise BuildError(f"export_library to {library_path} failed: {type(exc).__name__}: {exc}") from exc
     manifest_path.write_text(json.dumps(result.manifest.to_dict(), indent=1))

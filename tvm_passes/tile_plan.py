@@ -159,7 +159,7 @@ def conv_row_bands(batch: int, out_rows: int, input_bytes: int, weight_bytes: in
     are cheaper: each core reads its own rows of the input, in slabs of about ``CONV_BAND_INPUT_BYTES`` that stay in
     its L2 while every channel tile uses them, and all the weights. The band count is a multiple of ``cores``.
 
-    Measured on the Intel host (2 threads, session 17), batch-1 convs of the zoo models: 1x1 convs from 160-512 to
+    Measured on the Intel host (2 threads), batch-1 convs of the zoo models: 1x1 convs from 160-512 to
     64-256 channels at 28-56 px 0.57-0.83x (192->128 at 56 px 1457 -> 910 us), 64->64 3x3 at 56 and 224 px 0.74x
     and 0.63x,
     ResNet-50's 128->128 3x3 stride 2 at 56 px 0.66x; 3 of 51 banded convs slower by more than 4% (at most 1.10x,

@@ -1,0 +1,153 @@
+"""Check a compiled model against onnxruntime: sample valid inputs, run the reference, compare like numpy.allclose.
+
+Used by ``hetpart run --check``. The tolerance defaults are the ones the test suite holds every zoo model to
+(``|ours - reference| <= atol + rtol * |reference|`` with ``rtol = atol = 1e-4``): float32 results of a
+different summation order differ by ~1e-6 relative, and random-weight models reach outputs of 1e2-1e4.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from hetpart.errors import InputMismatchError, ModelLoadError
+from hetpart.graph import OpGraph
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RTOL = 1e-4
+DEFAULT_ATOL = 1e-4
+DEFAULT_INTEGER_HIGH = 2          # integer inputs that index nothing (masks, flags): values 0 or 1
+# the newest ONNX IR version onnxruntime 1.31 loads; newer files are read and handed over at this version
+MAX_ORT_IR_VERSION = 10
+
+
+def integer_input_ranges(graph: OpGraph) -> dict[str, tuple[int, int]]:
+    """For each integer graph input, the half-open range ``[0, high)`` of values valid for this model.
+
+    An input that (through integer element-wise ops, e.g. the negative-index wrap of ONNX Gather) selects rows of
+    a table with ``relax.take`` is valid below the table's length on the taken axis (an embedding's vocabulary);
+    the smallest such length wins. Other integer inputs get ``[0, 2)``."""
+    ranges: dict[str, tuple[int, int]] = {}
+    successors = graph.successors()
+    for spec in graph.inputs:
+        if not np.issubdtype(np.dtype(spec.dtype), np.integer):
+            continue
+        frontier = list(spec.consumers)
+        seen, highs = set(), []
+        while frontier:
+            op_id = frontier.pop()
+            if op_id in seen:
+                continue
+            seen.add(op_id)
+            node = graph.nodes[op_id]
+            if node.op == "relax.take" and len(node.input_shapes) >= 2 and node.input_shapes[0]:
+                axis = int(node.attrs.get("axis", 0)) % len(node.input_shapes[0])
+                highs.append(int(node.input_shapes[0][axis]))
+                continue
+            if node.output_dtypes and np.issubdtype(np.dtype(node.output_dtypes[0]), np.integer):
+                frontier.extend(successors[op_id])
+        ranges[spec.name] = (0, min(highs) if highs else DEFAULT_INTEGER_HIGH)
+    return ranges
+
+
+def sample_inputs(inputs: Sequence[Mapping], graph: OpGraph | None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs for a manifest's input specs: floats standard normal, integers uniform in their valid
+    range (:func:`integer_input_ranges`, ``[0, 2)`` when the graph is not known), booleans random."""
+    rng = np.random.default_rng(seed)
+    ranges = integer_input_ranges(graph) if graph is not None else {}
+    feeds = {}
+    for spec in inputs:
+        name, shape, dtype = str(spec["name"]), tuple(int(d) for d in spec["shape"]), np.dtype(str(spec["dtype"]))
+        if np.issubdtype(dtype, np.floating):
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        elif np.issubdtype(dtype, np.integer):
+            low, high = ranges.get(name, (0, DEFAULT_INTEGER_HIGH))
+            feeds[name] = rng.integers(low, high, shape).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[name] = rng.integers(0, 2, shape).astype(bool)
+        else:
+            raise InputMismatchError(f"cannot sample input {name!r} of dtype {dtype}; pass it with --input "
+                                     f"{name}=FILE.npy")
+    return feeds
+
+
+def load_input_file(item: str) -> tuple[str, np.ndarray]:
+    """``NAME=FILE.npy`` -> (name, array), with typed one-line errors."""
+    name, sep, path = item.partition("=")
+    if not sep or not name or not path:
+        raise InputMismatchError(f"--input {item!r} must look like NAME=FILE.npy")
+    try:
+        return name, np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise InputMismatchError(f"--input {name}: no file {path}; pass an existing .npy file "
+                                 "(numpy.save writes one)") from None
+    except (OSError, ValueError) as exc:
+        raise InputMismatchError(f"--input {name}: {path} is not a readable .npy array ({exc}); write it with "
+                                 "numpy.save") from None
+
+
+def onnxruntime_reference(onnx_path: str | Path, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """The ONNX model's outputs on ``feeds`` from onnxruntime's CPU provider.
+
+    A model saved with an IR version newer than onnxruntime reads is handed to it at :data:`MAX_ORT_IR_VERSION`
+    (in memory; the file is not touched). Failures are :class:`ModelLoadError` naming the file and the cause."""
+    import onnx
+    import onnxruntime as ort
+
+    path = Path(onnx_path)
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # onnx raises DecodeError, OSError, ...
+        raise ModelLoadError(f"--check cannot read the ONNX model {path} ({type(exc).__name__}: {exc})") from None
+    if model.ir_version > MAX_ORT_IR_VERSION:
+        log.info("handing %s to onnxruntime at IR version %d (the file says %d)", path.name, MAX_ORT_IR_VERSION,
+                 model.ir_version)
+        model.ir_version = MAX_ORT_IR_VERSION
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+        return session.run(None, {n: feeds[n] for n in names if n in feeds})
+    except Exception as exc:  # onnxruntime raises its own error types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"onnxruntime cannot run {path} to check against ({type(exc).__name__}: {first}); "
+                             "compare the outputs another way (hetpart run --save DIR writes them)") from None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How far ``ours`` is from the reference: the worst absolute and relative errors, and whether every
+    element satisfies ``|ours - reference| <= atol + rtol * |reference|``."""
+
+    max_abs_error: float
+    max_rel_error: float
+    rtol: float
+    atol: float
+    ok: bool
+
+    def describe(self) -> str:
+        return (f"max |diff| {self.max_abs_error:.3g}, max relative {self.max_rel_error:.3g} "
+                f"({'OK' if self.ok else 'FAILED'}: |diff| <= {self.atol:g} + {self.rtol:g} x |reference|)")
+
+
+def compare_outputs(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray], *, rtol: float = DEFAULT_RTOL,
+                    atol: float = DEFAULT_ATOL) -> Comparison:
+    """Compare output lists elementwise like ``numpy.allclose(ours, reference, rtol, atol)``."""
+    if len(ours) != len(reference):
+        raise InputMismatchError(f"the compiled model returned {len(ours)} outputs and the reference "
+                                 f"{len(reference)}; they are not the same model")
+    max_abs, max_rel, ok = 0.0, 0.0, True
+    for a, b in zip(ours, reference):
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if a.shape != b.shape:
+            raise InputMismatchError(f"output shapes differ: {list(a.shape)} against the reference's {list(b.shape)}")
+        if a.size == 0:
+            continue
+        diff = np.abs(a - b)
+        max_abs = max(max_abs, float(np.max(diff)))
+        max_rel = max(max_rel, float(np.max(diff / np.maximum(np.abs(b), np.finfo(np.float32).tiny))))
+        ok = ok and bool(np.all(diff <= atol + rtol * np.abs(b)))
+    return Comparison(max_abs, max_rel, rtol, atol, ok)

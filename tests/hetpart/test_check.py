@@ -1,0 +1,83 @@
+"""``hetpart run --check``'s pieces: allclose-style comparison, valid random inputs, the onnxruntime reference."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from hetpart.check import (compare_outputs, integer_input_ranges, load_input_file, onnxruntime_reference,
+                           sample_inputs)
+from hetpart.errors import InputMismatchError, ModelLoadError
+from hetpart.graph import Edge, OpGraph, OpNode, TensorSpec
+
+
+def test_large_outputs_pass_at_float32_rounding_and_real_differences_fail():
+    reference = [np.full((4, 85), 321.0, np.float32)]
+    rounding = [reference[0] * np.float32(1 + 7e-7)]          # |diff| 2.2e-4 > atol 1e-4, relative 7e-7
+    result = compare_outputs(rounding, reference)
+    assert result.ok and result.max_abs_error > 1e-4 and result.max_rel_error < 1e-6
+    wrong = [reference[0] + np.float32(0.5)]
+    result = compare_outputs(wrong, reference)
+    assert not result.ok and result.max_abs_error == pytest.approx(0.5)
+    assert "FAILED" in result.describe() and "max relative" in result.describe()
+    near_zero = [np.array([5e-5], np.float32)]
+    assert compare_outputs(near_zero, [np.zeros(1, np.float32)]).ok                 # the absolute part
+    with pytest.raises(InputMismatchError, match="outputs"):
+        compare_outputs(rounding, reference * 2)
+
+
+def _embedding_graph() -> OpGraph:
+    """tokens (int64) -> wrap negative ids (add, where) -> take(table[1000, 16]); mask (int32) -> add."""
+    nodes = (
+        OpNode(0, "wrapped", "relax.add", (), ((8,), ()), ("int64", "int64"), ((8,),), ("int64",),
+               graph_inputs=("tokens",)),
+        OpNode(1, "emb", "relax.take", (0,), ((1000, 16), (8,)), ("float32", "int64"), ((8, 16),), ("float32",),
+               attrs={"axis": 0}),
+        OpNode(2, "masked", "relax.add", (), ((8,), ()), ("int32", "int32"), ((8,),), ("int32",),
+               graph_inputs=("mask",)),
+    )
+    return OpGraph(nodes=nodes, edges=(Edge(0, 1, 64),),
+                   inputs=(TensorSpec("tokens", (8,), "int64", consumers=(0,)),
+                           TensorSpec("mask", (8,), "int32", consumers=(2,)),
+                           TensorSpec("x", (2,), "float32", consumers=())),
+                   outputs=(TensorSpec("y", (8, 16), "float32", producer=1),), name="emb").validate()
+
+
+def test_integer_inputs_are_sampled_in_their_valid_range():
+    graph = _embedding_graph()
+    assert integer_input_ranges(graph) == {"tokens": (0, 1000), "mask": (0, 2)}
+    specs = [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in graph.inputs]
+    feeds = sample_inputs(specs, graph, seed=1)
+    assert feeds["tokens"].dtype == np.int64 and 0 <= feeds["tokens"].min() and feeds["tokens"].max() < 1000
+    assert feeds["tokens"].max() > 1, "token ids must not all be zero"
+    assert set(np.unique(feeds["mask"])) <= {0, 1} and feeds["x"].dtype == np.float32
+    assert all(np.array_equal(a, b) for a, b in zip(feeds.values(), sample_inputs(specs, graph, seed=1).values()))
+
+
+def test_input_files_give_typed_errors(tmp_path):
+    with pytest.raises(InputMismatchError, match="no file .*missing.npy"):
+        load_input_file(f"input={tmp_path / 'missing.npy'}")
+    with pytest.raises(InputMismatchError, match="NAME=FILE.npy"):
+        load_input_file("input.npy")
+    (tmp_path / "bad.npy").write_text("not an array")
+    with pytest.raises(InputMismatchError, match="not a readable .npy"):
+        load_input_file(f"x={tmp_path / 'bad.npy'}")
+    np.save(tmp_path / "ok.npy", np.arange(3))
+    assert load_input_file(f"x={tmp_path / 'ok.npy'}")[1].tolist() == [0, 1, 2]
+
+
+def test_reference_runs_models_saved_with_a_newer_ir_version(tmp_path):
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 14
+    path = tmp_path / "ir14.onnx"
+    onnx.save(model, str(path))
+    (out,) = onnxruntime_reference(path, {"x": np.array([-1.0, 0.0, 2.0], np.float32)})
+    assert out.tolist() == [0.0, 0.0, 2.0]
+    assert onnx.load(str(path)).ir_version == 14, "the user's file is not modified"
+    (tmp_path / "garbage.onnx").write_bytes(b"\x00garbage")
+    with pytest.raises(ModelLoadError, match="garbage.onnx"):
+        onnxruntime_reference(tmp_path / "garbage.onnx", {})
