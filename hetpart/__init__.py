@@ -9,6 +9,6 @@ __all__ = ["__version__", "analyze", "compile", "load"]
 def __getattr__(name: str):
     # Lazy: importing hetpart must stay cheap and must not import tvm (core modules are framework-free).
     if name in ("analyze", "compile", "load"):
-        from hetpart import api
+        from hetpart.driver import api
         return getattr(api, name)
     raise AttributeError(f"module 'hetpart' has no attribute {name!r}")

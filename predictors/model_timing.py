@@ -133,6 +133,6 @@ def release_memory() -> None:
 
 
 def import_variant(variant: sampling.ModelVariant) -> Any:
-    from hetpart import api
+    from tvm_passes import sources
 
-    return api.import_model(variant.model, batch=variant.batch, size=variant.size).mod
+    return sources.import_model(variant.model, batch=variant.batch, size=variant.size).mod

@@ -88,7 +88,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 load_module: Callable[[sampling.ModelVariant], Any] = import_variant) -> ZooProfileSummary:
     """The profiling campaign of the module docstring; safe to kill and rerun (nothing is measured twice).
 
-    ``load_module(variant)`` gives the variant's Relax module (default: the zoo model via hetpart.api).
+    ``load_module(variant)`` gives the variant's Relax module (default: the zoo model via hetpart.driver.api).
     """
     start = time.monotonic()
     profiler = profiler or KernelProfiler("cpu")

@@ -30,3 +30,28 @@ def test_core_modules_import_no_frameworks():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"core modules pulled in: {result.stdout.strip()}"
     assert len(modules) > len(CORE)  # the partition package really was scanned
+
+
+def test_import_linter_contracts_hold():
+    """Layers and interfaces (pyproject.toml [tool.importlinter]); imports inside functions count too."""
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command; "
+                             "lint_imports_command()"], capture_output=True, text=True, timeout=300, cwd=root)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+def test_no_import_cycles():
+    """No two modules of hetpart's packages import each other, directly or through others (any import statement,
+    including those inside functions and under TYPE_CHECKING)."""
+    import grimp
+    import networkx as nx
+
+    graph = grimp.build_graph("hetpart", "tvm_passes", "predictors", "models")
+    imports = nx.DiGraph()
+    for module in graph.modules:
+        imports.add_node(module)
+        imports.add_edges_from((module, imported) for imported in graph.find_modules_directly_imported_by(module))
+    cycles = [sorted(c) for c in nx.strongly_connected_components(imports) if len(c) > 1]
+    assert len(imports) > 100
+    assert not cycles, f"import cycles: {cycles}"

@@ -34,7 +34,7 @@ def test_readme_starts_with_the_two_setup_commands():
 
 
 def test_every_readme_command_line_parses():
-    from hetpart.cli import build_parser
+    from hetpart.driver.cli import build_parser
 
     commands = _hetpart_command_lines()
     assert len(commands) >= 10

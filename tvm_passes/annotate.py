@@ -35,13 +35,11 @@ from tvm import relax
 from hetpart.devices import DeviceSet
 from hetpart.errors import InvalidPlanError, UnknownDeviceError, UnsupportedOpError
 from hetpart.plan import Plan
-from tvm_passes.vdevices import (host_device, is_tensor_const, make_vdevices, map_type_vdevices,
-                                 retarget_vdevices, runtime_device, tensor_vdevices, vdevice_key, vdevice_order)
+from tvm_passes.bindings import op_bindings
+from tvm_passes.vdevices import (is_tensor_const, make_vdevices, runtime_device, tensor_vdevices, vdevice_key,
+                                 vdevice_order)
 
-# the vdevice helpers moved to tvm_passes.vdevices; they are re-exported from here
-__all__ = ["VDEVICE_NAMES_ATTR", "AnnotateDevicePlacement", "Placement", "annotate_module", "host_device",
-           "make_vdevices", "map_type_vdevices", "op_bindings", "retarget_vdevices", "runtime_device",
-           "tensor_vdevices", "vdevice_key", "vdevice_order"]
+__all__ = ["VDEVICE_NAMES_ATTR", "AnnotateDevicePlacement", "Placement", "annotate_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,18 +52,6 @@ VDEVICE_NAMES_ATTR = "hetpart.vdevice_names"
 # Where a value lives: a device name for a tensor, None for a value without device (shape, prim value),
 # or a tuple of placements for a tuple.
 Placement = Union[str, None, tuple]
-
-
-def op_bindings(func: relax.Function) -> list[relax.VarBinding]:
-    """The op bindings of ``func`` in op-id order: op id i is the i-th binding, walking the blocks in order,
-    whose value is a ``relax.Call`` to a ``tvm.ir.Op``. This is the single definition of the contract."""
-    found: list[relax.VarBinding] = []
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            if (isinstance(binding, relax.VarBinding) and isinstance(binding.value, relax.Call)
-                    and isinstance(binding.value.op, tvm.ir.Op)):
-                found.append(binding)
-    return found
 
 
 def _has_tensor(ty: Any) -> bool:

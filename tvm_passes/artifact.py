@@ -1,5 +1,5 @@
 """What a heterogeneous build produces: the executable, its manifest (devices, I/O signature, emulation) and
-the exported directory (``model.so`` + ``manifest.json``). Read by ``hetpart.runtime``."""
+the exported directory (``model.so`` + ``manifest.json``). Read by ``hetpart.driver.runtime``."""
 from __future__ import annotations
 
 import json

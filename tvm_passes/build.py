@@ -37,10 +37,7 @@ from tvm_passes.kernel_targets import bind_kernel_targets, check_single_device_k
 from tvm_passes.legalize import legalize_ops
 from tvm_passes.vdevices import host_device, retarget_vdevices, runtime_device, tensor_vdevices, vdevice_key
 
-# bind_kernel_targets, check_single_device_kernels and kernel_calls moved to tvm_passes.kernel_targets;
-# re-exported from here
-__all__ = ["bind_kernel_targets", "build", "check_cuda_kernels", "check_single_device_kernels",
-           "compile_cuda_source_with_nvcc", "cuda_available", "cuda_kernel_names", "kernel_calls",
+__all__ = ["build", "check_cuda_kernels", "compile_cuda_source_with_nvcc", "cuda_available", "cuda_kernel_names",
            "lift_weight_uploads"]
 
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import numpy as np
 
 from hetpart.errors import InvalidGraphError
 from hetpart.graph import Edge, KernelGroup, OpGraph, OpNode, TensorSpec, tensor_bytes
-from tvm_passes.annotate import op_bindings
+from tvm_passes.bindings import op_bindings
 
 log = logging.getLogger(__name__)
 

@@ -239,3 +239,10 @@ def commit_record(database_dir: Path | str, workload_mod: tvm.ir.IRModule, recor
     _write_atomically(workload_path, "\n".join(workloads) + "\n")
     _write_atomically(record_path, "\n".join(records) + "\n")
     logger.debug("committed a tuning record for workload %d to %s", index, directory)
+
+
+def default_database_dir() -> Path:
+    """The persistent MetaSchedule database ``hetpart tune`` writes and compiles read: ``<cache root>/tuning``."""
+    from hetpart.paths import cache_root
+
+    return cache_root() / "tuning"

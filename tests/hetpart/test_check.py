@@ -6,7 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from hetpart.check import (compare_outputs, integer_input_ranges, load_input_file, onnxruntime_reference,
+from hetpart.driver.check import (compare_outputs, integer_input_ranges, load_input_file, onnxruntime_reference,
                            sample_inputs)
 from hetpart.errors import InputMismatchError, ModelLoadError
 from hetpart.graph import Edge, OpGraph, OpNode, TensorSpec

@@ -130,13 +130,13 @@ def test_a_plan_keeps_the_devices_it_was_made_for(saved, tmp_path):
 
 
 def test_arguments_are_checked_before_the_model_is_imported(monkeypatch, tmp_path):
-    from hetpart import api
     from hetpart.errors import OutputDirError
+    from tvm_passes import sources
 
     def no_import(*args, **kwargs):
         raise AssertionError("the model was imported before the arguments were checked")
 
-    monkeypatch.setattr(api, "import_model", no_import)
+    monkeypatch.setattr(sources, "import_model", no_import)
     with pytest.raises(InvalidPlanError, match="unknown partitioning method 'fastest'"):
         hetpart.compile("squeezenet1_1", method="fastest")
     with pytest.raises(UnknownDeviceError, match="known presets"):
@@ -186,7 +186,7 @@ def test_bad_inputs_are_typed_errors(saved, tmp_path):
 
 def test_cli_errors_are_one_line_and_leave_no_output(tmp_path):
     out = tmp_path / "never"
-    result = subprocess.run([sys.executable, "-m", "hetpart.cli", "compile", "squeezenet1_1", "--size", "64",
+    result = subprocess.run([sys.executable, "-m", "hetpart", "compile", "squeezenet1_1", "--size", "64",
                              "--devices", "cpu,gpu=h900", "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("hetpart: error")]
@@ -198,7 +198,7 @@ def test_cli_never_writes_into_a_users_directory(tmp_path):
     (tmp_path / "model.onnx").write_bytes(b"the user's model")
     (tmp_path / "notes.txt").write_text("mine")
     for out in (".", "model.onnx"):
-        result = subprocess.run([sys.executable, "-m", "hetpart.cli", "compile", "model.onnx", "-o", out, "--force"],
+        result = subprocess.run([sys.executable, "-m", "hetpart", "compile", "model.onnx", "-o", out, "--force"],
                                 capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert result.returncode == 2, result.stderr
         errors = [line for line in result.stderr.splitlines() if line.startswith("hetpart: error")]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hetpart.errors import OutputDirError
-from hetpart.output_dir import INDEX_NAME, check_writable, read_index, write_directory
+from hetpart.driver.output_dir import INDEX_NAME, check_writable, read_index, write_directory
 
 
 def _writer(files: dict[str, str]):

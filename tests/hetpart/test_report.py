@@ -16,9 +16,9 @@ from hetpart.graph import OpNode
 from hetpart.partition import explain, get_method
 from hetpart.partition.synthetic import synthetic_problem
 from hetpart.plan import Plan
-from hetpart.report import MAX_KERNEL_ROWS, ReportData, copy_counts, markdown, markdown_to_html, md_table, \
+from hetpart.driver.report import MAX_KERNEL_ROWS, ReportData, copy_counts, markdown, markdown_to_html, md_table, \
     split_row, summary, write_report
-from hetpart.report_plots import MAX_IMAGE_SIDE_PX, block_description, compact_blocks, dependency_depth, graph_form, \
+from hetpart.driver.report_plots import MAX_IMAGE_SIDE_PX, block_description, compact_blocks, dependency_depth, graph_form, \
     graph_png
 from hetpart.simulate import simulate
 

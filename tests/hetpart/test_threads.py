@@ -29,7 +29,7 @@ def test_every_cli_command_starts_tvm_with_every_core():
     # `hetpart profile` once ran with TVM's default of half the cores (1 thread here) while compiled models ran
     # with both, so its labels were 1.4x-7x slow. The CLI now sets the count before any subcommand loads TVM.
     env = {k: v for k, v in os.environ.items() if k != "TVM_NUM_THREADS"}
-    code = ("from hetpart.cli import main; main(['zoo']); import tvm; "
+    code = ("from hetpart.driver.cli import main; main(['zoo']); import tvm; "
             "print('threads', tvm.get_global_func('runtime.NumThreads')())")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

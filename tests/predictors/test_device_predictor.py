@@ -294,7 +294,7 @@ def test_a_predictor_from_another_cpu_is_warned_and_fit_writes_one_for_this_cpu(
     import argparse
     import copy
 
-    from hetpart import cli_predictors
+    from hetpart.driver import cli_predictors
     from predictors import host_calibration, registry
     from tests.predictors.test_zoo_profile import build_fake_db
 

@@ -18,7 +18,7 @@ def test_the_pipeline_version_is_built_from_the_extractor_rules_and_alignment_ve
 def test_the_registry_imports_neither_the_profiler_nor_the_compiler():
     code = ("import sys\nimport predictors.registry, predictors.versions\n"
             "bad = sorted(m for m in ('predictors.profiler', 'predictors.zoo_profile', 'predictors.model_timing', "
-            "'hetpart.api', 'hetpart.compiler') if m in sys.modules)\nprint(','.join(bad))\n")
+            "'hetpart.driver.api', 'hetpart.driver.compiler') if m in sys.modules)\nprint(','.join(bad))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"importing the registry pulled in: {result.stdout.strip()}"

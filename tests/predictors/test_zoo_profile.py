@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hetpart import cli_predictors
+from hetpart.driver import cli_predictors
 from hetpart.errors import HostRegimeError, PredictorError, ProfileDatabaseError
 from hetpart.graph import OpNode
 from predictors.model_db import ModelDatabase
@@ -81,11 +81,11 @@ def test_align_calls_tells_equal_output_shapes_apart_by_operand_sizes():
 
 @pytest.mark.tvm
 def test_squeezenet_kernels_map_to_kernel_graph_nodes_with_agreeing_shapes():
-    from hetpart import api
+    from tvm_passes import sources
     from predictors.profiler import KernelProfiler
     from predictors.kernel_mapping import map_kernels
 
-    mod = api.import_model("squeezenet1_1", size=64).mod
+    mod = sources.import_model("squeezenet1_1", size=64).mod
     mk = map_kernels(mod, "squeezenet1_1_b1_s64", KernelProfiler("cpu"))
     assert mk.aligned, mk.mismatch
     assert len(mk.node_keys) == mk.graph.num_ops and all(mk.node_keys)

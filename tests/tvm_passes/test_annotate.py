@@ -13,7 +13,8 @@ from tvm.script import relax as R  # noqa: E402
 from hetpart.devices import DeviceSet, cpu_device, gpu_from_preset, preset_links  # noqa: E402
 from hetpart.errors import InvalidPlanError, UnknownDeviceError  # noqa: E402
 from hetpart.plan import Plan  # noqa: E402
-from tvm_passes.annotate import VDEVICE_NAMES_ATTR, AnnotateDevicePlacement, op_bindings  # noqa: E402
+from tvm_passes.annotate import VDEVICE_NAMES_ATTR, AnnotateDevicePlacement  # noqa: E402
+from tvm_passes.bindings import op_bindings  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 

@@ -14,10 +14,12 @@ from hetpart.devices import DeviceSet, cpu_device, gpu_from_preset, preset_links
 from hetpart.errors import BuildError, InputMismatchError  # noqa: E402
 from hetpart.plan import Plan  # noqa: E402
 from tvm_passes import build as build_module  # noqa: E402
-from tvm_passes.annotate import AnnotateDevicePlacement, op_bindings  # noqa: E402
+from tvm_passes.annotate import AnnotateDevicePlacement  # noqa: E402
+from tvm_passes.bindings import op_bindings  # noqa: E402
 from tvm_passes.artifact import BuildManifest, _all_modules, export  # noqa: E402
-from tvm_passes.build import (build, check_cuda_kernels, check_single_device_kernels,  # noqa: E402
-                              compile_cuda_source_with_nvcc, cuda_available, cuda_kernel_names, kernel_calls)
+from tvm_passes.build import (build, check_cuda_kernels, compile_cuda_source_with_nvcc,  # noqa: E402
+                              cuda_available, cuda_kernel_names)
+from tvm_passes.kernel_targets import check_single_device_kernels, kernel_calls  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 

@@ -14,7 +14,8 @@ from tvm import relax  # noqa: E402
 
 from hetpart.devices import DeviceSet, cpu_device, gpu_from_preset, preset_links  # noqa: E402
 from hetpart.plan import Plan  # noqa: E402
-from tvm_passes.annotate import AnnotateDevicePlacement, op_bindings  # noqa: E402
+from tvm_passes.annotate import AnnotateDevicePlacement  # noqa: E402
+from tvm_passes.bindings import op_bindings  # noqa: E402
 from tvm_passes.build import build  # noqa: E402
 from tvm_passes.legalize import LEGALIZE_OVERRIDES, legalize_ops, with_hetpart_legalization  # noqa: E402
 from tvm_passes.schedules import cpu_pipeline, default_cpu_target  # noqa: E402

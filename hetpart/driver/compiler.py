@@ -94,7 +94,7 @@ class CompiledModel:
     _runner: Any = None
 
     def _report_data(self):
-        from hetpart.report import ReportData
+        from hetpart.driver.report import ReportData
 
         return ReportData(graph=self.graph, costs=self.costs, plan=self.plan, timeline=self.timeline,
                           baselines_us=self.baselines_us, why=self.why, op_graph=self.op_graph,
@@ -107,7 +107,7 @@ class CompiledModel:
 
     def report(self) -> str:
         """The markdown report (images are referenced by file name, written by :meth:`save`)."""
-        from hetpart.report import markdown
+        from hetpart.driver.report import markdown
 
         return markdown(self._report_data(), {"gantt": "gantt.png", "graph": "graph.png"})
 
@@ -115,11 +115,11 @@ class CompiledModel:
         """Write library, manifest, plans, costs and report to ``directory``.
 
         ``directory`` must be new or empty; an earlier hetpart output there is replaced only with
-        ``overwrite=True``, and nothing hetpart did not write is ever deleted (:mod:`hetpart.output_dir`). The
+        ``overwrite=True``, and nothing hetpart did not write is ever deleted (:mod:`hetpart.driver.output_dir`). The
         files are written into a temporary sibling and renamed into place, so an interrupted save leaves the
         earlier output intact."""
-        from hetpart.output_dir import write_directory
-        from hetpart.report import write_report
+        from hetpart.driver.output_dir import write_directory
+        from hetpart.driver.report import write_report
         from tvm_passes.artifact import export
 
         def write(staging: Path) -> None:
@@ -189,8 +189,8 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     plan.json (or Plan) to compile as it is instead of planning. ``output_dir``: write the executable, plans and
     report there; it must be new or empty, or an earlier hetpart output with ``overwrite=True``. Every argument is
     checked before the model is imported."""
-    from hetpart import api
-    from hetpart.output_dir import check_writable
+    from tvm_passes import sources
+    from hetpart.driver.output_dir import check_writable
     from hetpart.partition import DEFAULT_METHOD, PartitionConfig, explain, get_method
     from hetpart.simulate import simulate
     from predictors.analytic import AnalyticGpuModel
@@ -199,7 +199,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     from tvm_passes.annotate import annotate_module
     from tvm_passes.build import build, cuda_available
     from tvm_passes.extract import extract_op_graph
-    from tvm_passes.tuning_db import has_database
+    from tvm_passes.tuning_db import default_database_dir, has_database
 
     say = progress or (lambda msg: log.info("%s", msg))
     seconds: dict[str, float] = {}
@@ -217,7 +217,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     if output_dir is not None:
         check_writable(output_dir, overwrite=overwrite)
     say("importing model")
-    imported = api.import_model(model, input_shapes=input_shapes, example_inputs=example_inputs, batch=batch,
+    imported = sources.import_model(model, input_shapes=input_shapes, example_inputs=example_inputs, batch=batch,
                                 size=size)
     lap("import")
     say(f"extracting ops and fused kernels of {imported.name}")
@@ -253,7 +253,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     emulate = (not cuda_available()) if emulate_gpu is None else emulate_gpu
     say("compiling" + (" (GPU emulated on a second CPU device: no CUDA here)" if emulate and len(choice.devices.names) > 1 else ""))
     annotated = annotate_module(imported.mod, op_plan, choice.devices)
-    tuning = api.tuning_database_dir()
+    tuning = default_database_dir()
     built = build(annotated, choice.devices, emulate_gpu=emulate,
                   tuning_database=tuning if has_database(tuning) else None)
     lap("build")

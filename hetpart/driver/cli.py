@@ -1,4 +1,4 @@
-"""``hetpart`` command line: a thin layer over :mod:`hetpart.api` (argument parsing, tables, exit codes)."""
+"""``hetpart`` command line: a thin layer over :mod:`hetpart.driver.api` (argument parsing, tables, exit codes)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     import scipy.sparse as sp
     from rich.table import Table
 
-    from hetpart import api
+    from hetpart.driver import api
 
     graph = api.analyze(args.model, input_shapes=args.input_shape, batch=args.batch, size=args.size,
                         level=args.level)
@@ -146,8 +146,8 @@ def _parse_pins(items: Sequence[str]) -> dict[str, str]:
 def cmd_compile(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from hetpart import api
-    from hetpart.report import summary
+    from hetpart.driver import api
+    from hetpart.driver.report import summary
 
     out_dir = args.output or Path("hetpart-out") / Path(str(args.model)).stem
     if args.output is None:
@@ -198,8 +198,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from hetpart import api
-    from hetpart.check import compare_outputs, load_input_file, onnxruntime_reference, sample_inputs
+    from hetpart.driver import api
+    from hetpart.driver.check import compare_outputs, load_input_file, onnxruntime_reference, sample_inputs
     from hetpart.errors import InputMismatchError
     from hetpart.graph import OpGraph
 
@@ -238,15 +238,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import json
     import time
 
-    from hetpart import api
+    from hetpart.driver import api
     from tvm_passes.schedules import default_cpu_target
     from tvm_passes.tune import tune_model
+    from tvm_passes.tuning_db import default_database_dir
 
     started_s = time.monotonic()
     console = _console()
     console.print(f"importing {args.model}", markup=False)
     imported = api.import_model(args.model, input_shapes=args.input_shape, batch=args.batch, size=args.size)
-    database = args.database or api.tuning_database_dir()
+    database = args.database or default_database_dir()
     import_minutes = (time.monotonic() - started_s) / 60.0  # the import counts against the budget too
     budget_minutes = args.budget_minutes - import_minutes if args.budget_minutes > 0 else args.budget_minutes
     if args.budget_minutes > 0 >= budget_minutes:
@@ -329,7 +330,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hetpart.check import DEFAULT_ATOL, DEFAULT_RTOL
+    from hetpart.driver.check import DEFAULT_ATOL, DEFAULT_RTOL
     from hetpart.partition import DEFAULT_METHOD, METHODS
 
     parser = argparse.ArgumentParser(prog="hetpart", description=DESCRIPTION, epilog=EPILOG,
@@ -391,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("zoo", help="list the built-in models (random weights, built on first use)")
     p.set_defaults(func=cmd_zoo)
 
-    from hetpart import cli_predictors  # profile / fit / evaluate
+    from hetpart.driver import cli_predictors  # profile / fit / evaluate
 
     cli_predictors.register(sub)
     return parser

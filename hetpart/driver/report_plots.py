@@ -13,10 +13,9 @@ import textwrap
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-if TYPE_CHECKING:
-    from hetpart.report import ReportData
+from hetpart.driver.report_data import ReportData
 
 log = logging.getLogger(__name__)
 

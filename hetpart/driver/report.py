@@ -3,7 +3,7 @@
 Everything here is derived from the planning graph, its CostTable, the chosen Plan, the simulator's Timeline
 and the build's manifest; nothing is measured here. Every time is labelled predicted, with the source of its
 costs (``measured`` / ``predicted`` / ``analytic``), and an emulated GPU is said to be emulated.
-The figures are drawn by :mod:`hetpart.report_plots`.
+The figures are drawn by :mod:`hetpart.driver.report_plots`.
 """
 from __future__ import annotations
 
@@ -11,14 +11,12 @@ import csv
 import html
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from hetpart.costs import CostTable
-from hetpart.graph import OpGraph
-from hetpart.plan import Plan, Timeline
-from hetpart.report_plots import COPY_COLOUR, DEVICE_COLOURS, gantt_png, graph_png
+from hetpart.driver.report_data import ReportData
+from hetpart.driver.report_plots import COPY_COLOUR, DEVICE_COLOURS, gantt_png, graph_png
 
 log = logging.getLogger(__name__)
 
@@ -34,24 +32,6 @@ SOURCE_MEANING = {"measured": "timed on the device", "predicted": "a model fitte
                   "analytic": "a datasheet roofline, no measurement behind it"}
 _UPLOAD_NOTE = re.compile(r"^\w+\(\) uploads (\d+) bytes of weights")
 _UNSCHEDULED_NOTE = re.compile(r"^(.*): CPU kernels are unscheduled$")
-
-
-@dataclass(frozen=True)
-class ReportData:
-    graph: OpGraph                       # the planning graph (kernel level)
-    costs: CostTable
-    plan: Plan
-    timeline: Timeline
-    baselines_us: Mapping[str, float]    # method -> simulated makespan (all_cpu, all_gpu, ...)
-    why: Sequence[Any]                   # hetpart.partition.OpWhy rows
-    op_graph: OpGraph | None = None      # op level (for op counts / FLOPs shares)
-    build: Mapping[str, Any] = field(default_factory=dict)   # manifest facts: emulated, build time, notes
-    compile_seconds: Mapping[str, float] = field(default_factory=dict)
-    import_notes: Sequence[str] = ()     # what the frontend changed in the graph (e.g. padded matmul columns)
-    cost_notes: Sequence[str] = ()       # where the costs came from (e.g. which CPU predictor, measured on which CPU)
-    weight_uploads: int | None = None    # weight tensors the build copies to non-host devices once, at load
-    weight_upload_bytes: int | None = None
-    program_copies_per_call: int | None = None   # tensor copies left in the compiled main (run every inference)
 
 
 @dataclass(frozen=True)
