@@ -2,7 +2,7 @@
 warning, keep-only-if-faster, atomic commits across interrupts, the wall-clock budget and progress reporting.
 
 The MetaSchedule search costs ~10 s per trial on this machine, so the default tests replace it
-(monkeypatched ``_tune_one``) and, for the budget, also the rule timing and the clock; one slow test runs a
+(monkeypatched ``tune_one``) and, for the budget, also the rule timing and the clock; one slow test runs a
 real 2-trial search.
 """
 
@@ -218,7 +218,7 @@ def test_tuned_schedule_slower_than_the_rules_is_not_kept(tmp_path, monkeypatch)
         on_batch(trials, None)
         return _FakeRecord(trace, args_info)
 
-    monkeypatch.setattr(tune, "_tune_one", one_batch)
+    monkeypatch.setattr(tune, "tune_one", one_batch)
     seen = []
     report = tune.tune_model(mod, target, trials=8, budget_minutes=1, database_dir=tmp_path, progress=seen.append,
                              clock=FakeClock())  # real timings, but the budget never runs out
@@ -254,7 +254,7 @@ def _fake_search(monkeypatch, clock, seconds_per_trial, started):
             if not on_batch(batch, 42.0):
                 break
 
-    monkeypatch.setattr(tune, "_tune_one", fake_tune_one)
+    monkeypatch.setattr(tune, "tune_one", fake_tune_one)
 
 
 def test_budget_estimates_come_from_priors_until_work_is_measured():
@@ -328,7 +328,7 @@ def test_records_of_finished_kernels_survive_an_interrupt_and_no_empty_files_are
         on_batch(trials, 50.0)
         return _FakeRecord(trace, args_info)
 
-    monkeypatch.setattr(tune, "_tune_one", first_then_interrupt)
+    monkeypatch.setattr(tune, "tune_one", first_then_interrupt)
     report = tune.tune_model(mod, target, trials=8, budget_minutes=1, database_dir=tmp_path, clock=clock)
     assert [k.kept for k in report.kernels] == [True] and not report.interrupted
     two = _four_kernel_module()
@@ -353,7 +353,7 @@ def test_tuning_sets_an_unreadable_database_aside_and_starts_a_new_one(tmp_path,
         on_batch(trials, 50.0)
         return _FakeRecord(trace, args_info)
 
-    monkeypatch.setattr(tune, "_tune_one", one_batch)
+    monkeypatch.setattr(tune, "tune_one", one_batch)
     with caplog.at_level(logging.WARNING):
         report = tune.tune_model(mod, target, trials=8, budget_minutes=1, database_dir=tmp_path, clock=clock)
     assert [k.kept for k in report.kernels] == [True]
@@ -384,7 +384,7 @@ def test_tuning_context_needs_only_the_host_cpu_tensor_intrinsics():
         "import numpy as np\n"
         "from tvm import relax, tirx\n"
         "from tvm.s_tir import meta_schedule as ms\n"
-        "from tvm_passes import tune, tuning_db\n"
+        "from tvm_passes import tune, tune_search, tuning_db\n"
         "from tvm_passes.schedules import default_cpu_target\n"
         "bb = relax.BlockBuilder()\n"
         "x = relax.Var('x', relax.TensorType((16, 64), 'float32'))\n"
@@ -395,7 +395,7 @@ def test_tuning_context_needs_only_the_host_cpu_tensor_intrinsics():
         "target = default_cpu_target()\n"
         "lowered = tune.lower_for_tuning(bb.get(), target)\n"
         "(func,) = [f for _, f in lowered.functions_items() if isinstance(f, tirx.PrimFunc)]\n"
-        "with tune.cpu_tensor_intrinsics_only(target):\n"
+        "with tune_search.cpu_tensor_intrinsics_only(target):\n"
         "    context = ms.TuneContext(mod=tuning_db.workload_module(func), target=target,\n"
         "                             space_generator='post-order-apply', search_strategy='evolutionary',\n"
         "                             task_name='t', num_threads=1)\n"
