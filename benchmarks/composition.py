@@ -71,7 +71,7 @@ def capture_calls(mod: Any, profiler: Any) -> tuple[list[Call], float]:
     import tvm
     from tvm import relax
 
-    from predictors.model_timing import model_inputs
+    from predictors.profiling.model_timing import model_inputs
 
     vm = relax.VirtualMachine(tvm.compile(mod, target=profiler.tvm_target, relax_pipeline=profiler.pipeline),
                               profiler.dev)
@@ -115,8 +115,8 @@ def replay(calls: Sequence[Call], mode: str, reps: int, unrelated: Callable[[], 
 
 
 def replay_model(name: str, profiler: Any, reps: int, evict_bytes: int) -> dict[str, Any]:
-    from predictors import sampling
-    from predictors.model_timing import import_variant, release_memory
+    from predictors.profiling import sampling
+    from predictors.profiling.model_timing import import_variant, release_memory
 
     variants = {v.name: v for v in sampling.zoo_variants()}
     if name not in variants:
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     ensure_tvm_threads()
     from predictors.context import core_cache_bytes
-    from predictors.profiler import KernelProfiler
+    from predictors.profiling.profiler import KernelProfiler
 
     profiler = KernelProfiler("cpu")
     evict_bytes = 4 * core_cache_bytes(profiler.num_threads)

@@ -29,12 +29,13 @@ import numpy as np
 
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
-from predictors import sampling  # noqa: E402
-from predictors.kernel_mapping import map_kernels  # noqa: E402
-from predictors.model_timing import compile_model, import_variant  # noqa: E402
-from predictors.profiler import KernelProfiler  # noqa: E402
-from predictors.synthetic_modules import build_synthetic_module  # noqa: E402
-from predictors.workloads import canary_workload  # noqa: E402
+from predictors.profiling import sampling  # noqa: E402
+from predictors.profiling.kernel_mapping import map_kernels  # noqa: E402
+from predictors.profiling.model_timing import compile_model, import_variant  # noqa: E402
+from predictors.profiling.profiler import KernelProfiler  # noqa: E402
+from predictors.profiling.synthetic_modules import build_synthetic_module  # noqa: E402
+from predictors.profiling.workloads import canary_workload  # noqa: E402
+from predictors.synthetic_spec import SyntheticSpec  # noqa: E402
 
 PROBES = {
     "conv1x1_112to128_56px": ("conv2d", dict(n=1, ci=112, co=128, hw=56, k=1, stride=1)),
@@ -56,7 +57,7 @@ def main() -> None:
     profiler = KernelProfiler("cpu")
     kernels = {"canary_matmul_256": profiler.compile(canary_workload(256, profiler.tvm_target))}
     for name, (op, params) in PROBES.items():
-        spec = sampling.SyntheticSpec.of(op, **params)
+        spec = SyntheticSpec.of(op, **params)
         workloads = map_kernels(build_synthetic_module(spec), spec.name, profiler).workloads
         main_kernel = [w for w in workloads if op.split("_")[0] in w.name] or list(workloads)
         kernels[name] = profiler.compile(main_kernel[0])

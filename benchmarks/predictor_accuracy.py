@@ -1,6 +1,6 @@
 """Latency-predictor benchmark: the honest error report of the CPU predictors as JSON + markdown + scatter PNG.
 
-Runs :func:`predictors.training.evaluate_db` on a profile database made by ``hetpart profile`` (leave-one-model-
+Runs :func:`predictors.fitting.training.evaluate_db` on a profile database made by ``hetpart profile`` (leave-one-model-
 out over the zoo variants, leave-one-family-out, the polynomial predictor against the FLOPs x constant,
 calibrated-roofline, random-forest and lookup baselines, the test-retest noise floor) and renders the figures
 against the goals:
@@ -31,7 +31,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from predictors.training import evaluate_db  # noqa: E402
+from predictors.fitting.training import evaluate_db  # noqa: E402
 
 logger = logging.getLogger("benchmarks.predictors")
 
@@ -67,7 +67,8 @@ def render_markdown(report: dict[str, Any], command: str) -> str:
         sysfs = report.get("sysfs_cache_bytes")
         lines += [f"In-model terms: each fold fits the share of a {report['cache_bound_bytes'] / 2 ** 20:.0f} MiB "
                   f"last-level cache bound a model keeps (probed {report['effective_cache_bytes'] / 2 ** 20:.0f} MiB, "
-                  f"sysfs {'?' if sysfs is None else f'{sysfs / 2 ** 20:.0f}'} MiB; predictors/cache_probe.py); "
+                  f"sysfs {'?' if sysfs is None else f'{sysfs / 2 ** 20:.0f}'} MiB; "
+                  "predictors/profiling/cache_probe.py); "
                   f"cores' L2 {report['core_cache_bytes'] / 2 ** 20:.0f} MiB.", ""]
     if report.get("excluded_models"):
         lines += ["Excluded model variants: " + "; ".join(f"{k}: {v}" for k, v in report["excluded_models"].items()),

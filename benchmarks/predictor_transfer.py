@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hetpart.errors import ExtrapolationWarning  # noqa: E402
 from predictors.device_predictor import DevicePredictor  # noqa: E402
 from predictors.host_calibration import HostScaledPredictor, measure_suite, scale_by_suite  # noqa: E402
+from predictors.profiling.calibration_sweep import time_fresh  # noqa: E402
 from predictors.registry import host_cpu_name  # noqa: E402
-from predictors.training import load_training_data  # noqa: E402
+from predictors.fitting.dataset import load_training_data  # noqa: E402
 
 logger = logging.getLogger("benchmarks.predictor_transfer")
 
@@ -77,8 +78,8 @@ def transfer_report(db: Path, predictor_path: Path, suite: bool = True) -> dict:
             "host_canary_us": data.reference_canary_us, "predictor_canary_us": predictor_canary})
         report["canary_scaling"], report["canary_scaled"] = canary.scaling, transfer_metrics(data, canary)
     if suite and report["host"] == measured_on:
-        scaled = scale_by_suite(predictor, measure_suite(measured_on, data.num_threads), measured_on,
-                                data.num_threads)
+        kernels = measure_suite(measured_on, data.num_threads, time_fresh=time_fresh)
+        scaled = scale_by_suite(predictor, kernels, measured_on, data.num_threads)
         report["suite_scaling"], report["suite_scaled"] = scaled.scaling, transfer_metrics(data, scaled)
     elif suite:
         logger.warning("not timing the calibration suite: this host is a %s, the database was measured on a %s",

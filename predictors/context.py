@@ -24,8 +24,8 @@ whole-model measurements (:func:`fit_context_terms`), turn isolated predictions 
   and the kernel is not a recurrent step (the ONNX RNN unroller tags step kernels ``rnn_phase="step"``: every
   step re-reads the same weights, which stay warm); a gather counts the rows it reads, not its table; and none
   of a model's weights are cold when they all take at most half the cache (:data:`WARM_MODEL_FRACTION`) -- or,
-  under the ``cache_share`` rule every predictor fitted since session 13 uses, only the share the cache cannot
-  keep between inferences (:meth:`ContextTerms.cold_param_bytes_in_model`, below);
+  under the ``cache_share`` rule ``hetpart fit`` uses (a predictor saved with the older rule keeps it), only the
+  share the cache cannot keep between inferences (:meth:`ContextTerms.cold_param_bytes_in_model`, below);
 * ``spilled_activation_us_per_mb`` — time per MB of activation traffic (``bytes_read + bytes_written -
   param_bytes``) beyond the cores' private caches (``core_cache_bytes``: L2 x cores in use, 2 MiB here), for
   kernels whose activations fit in the last-level cache. Timed in isolation such a kernel finds them in the
@@ -35,7 +35,7 @@ whole-model measurements (:func:`fit_context_terms`), turn isolated predictions 
   two terms to 5.5 % (worst 14.7 %) with this one; thresholds of 1-8 MiB all gave 5.3-6.2 %, so the L2 size
   read from the machine is used rather than a tuned constant.
 
-The last-level cache these terms take shares of is the bound :mod:`predictors.cache_probe` derives for the
+The last-level cache these terms take shares of is the bound :mod:`predictors.profiling.cache_probe` derives for the
 profiled host (stored in the profile database): its probe, or sysfs's figure when the probe lies within the
 smallest share of it; sysfs's figure alone only when there is no probe -- a VM may report a cache it does not get
 (480 MiB on this machine kind's Intel guest, which behaves like 48 MiB).
@@ -51,11 +51,10 @@ The older rule (``half_cache_gate``) counted all of a model's weights as cold on
 cache, and none below. On the Intel host (48 MiB measured LLC) it could not tell ResNet-18 at 112 px from 224 px:
 the same 47 MB of weights, but 6.5 MB of activation traffic against 26 MB; the models ran 1.27x and 1.37x the sum
 of their isolated kernels. With measured kernel labels (``model_level_floor``, leave-one-model-out over the 23 zoo
-variants of profiles_session12a) the gate gave MAPE 9.4%, worst 25.8% (ResNet-18 112 px +25%, ResNet-50 112 px
--26%); the cache share rule 6.3%, worst 15.2%. The footprint is what could stay cached: weights larger than the
-cache (cold in isolation too) and recurrent steps' weights are left out; counting every byte instead gave 7.1% /
-17.8%. A sharper retention, ``(cache / footprint)^k``, was also tried: k = 2, 4, 8 gave 5.9-5.3% MAPE but a worst
-of 15.4-20.3%, so the first-order share (k = 1, chosen before measuring) is kept.
+variants of the Intel database I-A) the gate gave MAPE 9.4%, worst 25.8%; the cache share rule 6.3%, worst 15.2%. The
+footprint is what could stay cached: weights larger than the cache (cold in isolation too) and recurrent steps'
+weights are left out. The share is first-order (``cache / footprint``, chosen before measuring); sharper
+retentions and other footprints were measured and not adopted (docs/predictors_history.md).
 
 **How much of the cache a model keeps.** The cache probe measures how large a buffer the LLC holds when one loop
 streams it over and over; between two inferences a model keeps less. ``benchmarks/composition.py`` replays a
@@ -66,16 +65,10 @@ came from DRAM although the model's footprint is well under the probe's size. So
 fitted with the rates: :func:`fit_context_terms` solves for each share of the measured LLC in
 :data:`CACHE_SHARES` and keeps the least-residual one (chosen on the training models only). With measured kernel
 labels (``model_level_floor``, leave-one-model-out over the 23 zoo variants) the fitted share took the floor from
-6.6% MAPE / 20.7% worst to 5.5% / 15.2% on profiles_session13b (48 of 64 MiB chosen in every fold), 9.9% / 30.6%
-to 6.7% / 17.2% on profiles_session13a (30 of 48 MiB), 6.3% / 15.4% to 5.7% / 13.6% on profiles_session12a (36 or
-42 of 48 MiB). Predictors saved before keep the cache they stored.
-
-**Tried and not adopted** (session 16): a fourth rate for the weights of kernels whose whole traffic fits in the
-cores' L2 (warm in L2 when timed alone, read from L3 or DRAM inside a model). With measured kernel labels it took
-profiles_session15c from 6.9% to 5.9% MAPE, but with the polynomial's predictions (leave-one-model-out) it made whole
-models worse on seven of eight Intel databases (+0.01 to +0.27 points) and better only on 15c (7.00% -> 6.35%).
-Taking one core's L2 instead of the cores' as the spill threshold moved the measured-label floor by -0.3 to +0.1
-points over eight databases: too little to replace the measured size with a tuned constant.
+6.6% MAPE / 20.7% worst to 5.5% / 15.2% on the Intel database I-C (48 of 64 MiB chosen in every fold; the other
+databases: docs/predictors_history.md). Predictors saved before keep the cache they stored. A fourth rate, for
+the weights of kernels whose traffic fits in the cores' L2, and one core's L2 as the spill threshold were measured
+and not adopted (same document).
 
 All are fitted by non-negative least squares on relative error, so they never turn a latency negative.
 Predictors saved before the third term load with it at 0, and those saved before the cache share rule keep the
@@ -101,11 +94,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_CACHE_BYTES = 32 * 2 ** 20
 # A model whose cold weights add up to at most this share of the last-level cache finds them there at the next
 # inference (the rest of the cache holds its activations): its kernels pay no cold-weight term. Chosen a priori
-# (half the cache), then measured on profiles_session5b with measured kernel labels (model_level_floor, LOMO):
-# share 0 (no gate) 5.0% MAPE, worst 18.3% (MobileNetV2 b1 112 px, 3.5 MB of weights, +18%); 0.5: 2.3%, worst
-# 6.8%; 1.0: 3.7%, worst 12.1% (GoogLeNet's 26 MB and DenseNet's 32 MB then count as warm, 12% low).
+# (half the cache), then confirmed with measured kernel labels (model_level_floor, leave-one-model-out): share 0
+# (no gate) 5.0% MAPE, worst 18.3%; 0.5: 2.3%, worst 6.8%; 1.0: 3.7%, worst 12.1% (GoogLeNet's 26 MB and DenseNet's
+# 32 MB then count as warm, 12% low). Database Z5-B in docs/predictors_history.md.
 WARM_MODEL_FRACTION = 0.5
-# How a model's cold weights are counted (see the module docstring): "cache_share" (fits since session 13) or the
+# How a model's cold weights are counted (see the module docstring): "cache_share" (what `hetpart fit` fits) or the
 # older "half_cache_gate" (all or nothing at WARM_MODEL_FRACTION; predictors saved with it keep it).
 COLD_WEIGHT_RULES = ("cache_share", "half_cache_gate")
 # Shares of the measured last-level cache tried as the cache a model keeps between inferences (fitted with the

@@ -4,10 +4,11 @@ A CPU predictor's labels are kernel timings on one CPU with one TVM thread count
 this host's CPU, or the deployment runs another thread count, :func:`calibrate_to_host` times a fixed suite of
 kernels here (:data:`CALIBRATION_SUITE`: the kinds the zoo's time goes to -- 3x3, 1x1 and weight-heavy
 convolutions, a depthwise convolution, a matrix-vector product, a matmul, a max-pool, a streaming and a
-transcendental elementwise kernel, a layer norm -- built by :func:`predictors.synthetic_modules.build_synthetic_module`
-and compiled and timed exactly like profiled kernels), asks the predictor for the same kernels, and multiplies every
-prediction (isolated kernels and the in-model terms) by the geometric mean of measured / predicted
-(:class:`HostScaledPredictor`).
+transcendental elementwise kernel, a layer norm -- built, compiled and timed exactly like profiled kernels by the
+sweep the caller passes in, :func:`predictors.profiling.calibration_sweep.time_fresh`), asks the predictor for the
+same kernels, and multiplies every prediction (isolated kernels and the in-model terms) by the geometric mean of
+measured / predicted (:class:`HostScaledPredictor`). This module never imports the profiler: the sweep is injected
+(``time_fresh``), and a host with a clean cached calibration never needs it.
 
 **Only a clean sweep is kept, or used.** The suite's timings are kept in ``$HETPART_CACHE_DIR/calibration/`` per CPU,
 thread count, suite, pipeline and TVM version, with the UTC time they were measured, so a host pays for them (~5 s)
@@ -15,9 +16,9 @@ once -- so a ratio timed while another process held a core would mis-scale every
 adds time, by an unknown factor. A sweep is *clean* (:func:`predictors.host_load.judge_sweep`) when all of these
 hold:
 
-1. every timing of every pass was accepted by :class:`~predictors.profiler.KernelProfiler`: its canary windows were
-   within the profiler's ``contention_tolerance`` of the reference and its spread within ``reject_spread``
-   (kernels that fail to build are left out; that is not contention);
+1. every timing of every pass was accepted by the profiler (:class:`~predictors.profiling.profiler.KernelProfiler`):
+   its canary windows were within the profiler's ``contention_tolerance`` of the reference and its spread within
+   ``reject_spread`` (kernels that fail to build are left out; that is not contention);
 2. judged again at the end of the sweep, against the reference of all the sweep's canaries (the lower quartile,
    better known then than when the first windows were judged), every accepted window's canary is still within
    that tolerance;
@@ -65,16 +66,15 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from hetpart.errors import ExtrapolationWarning, HetpartError, PredictorError
 from hetpart.graph import OpNode
 from hetpart.paths import cache_root
-from predictors.host_load import (CpuUse, SweepJudgement, busy_reason_now, cpu_use_now, host_cpus, judge_sweep,
-                                  other_load_cores)
-from predictors.sampling import SyntheticSpec
+from predictors.host_load import SweepJudgement
+from predictors.synthetic_spec import SyntheticSpec
 
 logger = logging.getLogger(__name__)
 
@@ -96,9 +96,6 @@ CALIBRATION_SUITE: tuple[SyntheticSpec, ...] = (
     SyntheticSpec.of("layer_norm", m=512, n=512),
 )
 MIN_MEASURED_SHARE = 0.5   # below this share of the suite built and timed, the ratio is not trusted
-# Sweeps over the suite, keeping each kernel's lowest median: a predictor's labels are the lowest of
-# ``hetpart profile``'s passes, and contention only adds time. ~5 s in all.
-SUITE_PASSES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,48 +192,10 @@ def _pool_threads() -> int:
     return int(tvm.get_global_func("runtime.NumThreads")())
 
 
-def _suite_workloads(specs: Sequence[SyntheticSpec], profiler: Any) -> list[tuple[str, Any]]:
-    """``(spec/kernel name, KernelWorkload)`` of every deployment kernel of ``specs``, with its features."""
-    from predictors.kernel_mapping import map_kernels
-    from predictors.synthetic_modules import build_synthetic_module
-
-    return [(f"{spec.name}/{w.name}", w) for spec in specs
-            for w in map_kernels(build_synthetic_module(spec), spec.name, profiler).workloads]
-
-
-def _time_fresh(num_threads: int, specs: tuple[SyntheticSpec, ...]) -> SuiteTiming:
-    """Compile and time ``specs`` now with the profiler's protocol, and judge the sweep."""
-    from predictors.profiler import KernelProfiler
-
-    measured_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    busy = busy_reason_now(num_threads)
-    if busy is not None:      # a sweep started now could not be clean: do not spend a minute proving it
-        return SuiteTiming((), measured_at, "fresh", SweepJudgement((busy,), None, None))
-    profiler = KernelProfiler("cpu")
-    workloads = _suite_workloads(specs, profiler)
-    start: CpuUse | None = cpu_use_now()
-    rows, best = [], {}
-    for name, workload in [item for _ in range(SUITE_PASSES) for item in workloads]:
-        row = profiler.measure(workload)
-        if row.status == "failed":
-            logger.warning("calibration kernel %s failed: %s", name, row.error)
-            continue
-        rows.append(row)
-        if row.status == "ok" and row.median_us:
-            best[name] = min(best.get(name, np.inf), float(row.median_us))
-        else:                 # one rejected window makes the sweep unclean: stop here
-            logger.info("calibration kernel %s: %s %s; stopping the sweep", name, row.status, row.error)
-            break
-    other_cores = other_load_cores(start, cpu_use_now())
-    try:
-        reference_us: float | None = profiler.canary_reference_us
-    except PredictorError:      # no canary timed: every kernel failed to build
-        reference_us = None
-    judgement = judge_sweep(rows, reference_us, profiler.protocol.contention_tolerance, other_cores, host_cpus(),
-                            num_threads)
-    kernels = tuple(CalibrationKernel(name, OpNode.from_dict(w.features), best[name]) for name, w in workloads
-                    if name in best)
-    return SuiteTiming(kernels, measured_at, "fresh", judgement)
+# Compiles and times the suite now and judges the sweep: ``time_fresh(num_threads, specs) -> SuiteTiming``. The
+# caller passes it in (the profiler's is :func:`predictors.profiling.calibration_sweep.time_fresh`), so this
+# module, and a compile that finds a clean cached calibration, never import the profiler.
+FreshTiming = Callable[[int, tuple[SyntheticSpec, ...]], SuiteTiming]
 
 
 _CLEAN_TIMINGS: dict[tuple[str, int, tuple[SyntheticSpec, ...]], SuiteTiming] = {}
@@ -251,14 +210,15 @@ def forget_timings() -> None:
     _BUSY_TIMINGS.clear()
 
 
-def time_suite(host_cpu: str, num_threads: int,
-               specs: tuple[SyntheticSpec, ...] = CALIBRATION_SUITE) -> SuiteTiming:
+def time_suite(host_cpu: str, num_threads: int, specs: tuple[SyntheticSpec, ...] = CALIBRATION_SUITE, *,
+               time_fresh: FreshTiming | None = None) -> SuiteTiming:
     """The suite's kernels as timed on this host with ``num_threads`` TVM threads.
 
-    Read from :func:`suite_cache_path` when this host timed them cleanly before; else compiled and timed now
-    (``num_threads`` must then be the pool's count) and written there only if the sweep was clean. A busy host
-    gives an unclean timing, not an error; raises :class:`PredictorError` when the suite cannot be timed (another
-    thread count in TVM's pool, too few kernels built). A clean timing is kept for the rest of the process."""
+    Read from :func:`suite_cache_path` when this host timed them cleanly before; else timed now by ``time_fresh``
+    (:data:`FreshTiming`; ``num_threads`` must then be the pool's count) and written there only if the sweep was
+    clean. A busy host gives an unclean timing, not an error; raises :class:`PredictorError` when the suite cannot
+    be timed (no ``time_fresh`` given, another thread count in TVM's pool, too few kernels built). A clean timing
+    is kept for the rest of the process."""
     key = (host_cpu, num_threads, tuple(specs))
     if key in _CLEAN_TIMINGS:
         return _CLEAN_TIMINGS[key]
@@ -272,13 +232,16 @@ def time_suite(host_cpu: str, num_threads: int,
     busy_since = _BUSY_TIMINGS.get(key)
     if busy_since is not None and time.monotonic() - busy_since[0] < BUSY_RETRY_AFTER_S:
         return busy_since[1]
+    if time_fresh is None:
+        raise PredictorError(f"this {host_cpu} host has no clean cached calibration ({path}) and no sweep was given "
+                             "to time the suite (time_fresh=predictors.profiling.calibration_sweep.time_fresh)")
     if _pool_threads() != num_threads:
         raise PredictorError(f"the calibration suite must be timed with the deployment's {num_threads} TVM "
                              f"thread(s); TVM's pool runs {_pool_threads()}. Set TVM_NUM_THREADS={num_threads} "
                              "before TVM starts (the hetpart CLI and API do).")
     logger.info("timing %d calibration kernels on this %s with %d thread(s) (kept in %s if the host stays quiet)",
                 len(specs), host_cpu, num_threads, path)
-    timing = _time_fresh(num_threads, tuple(specs))
+    timing = time_fresh(num_threads, tuple(specs))
     if not timing.clean:
         logger.info("host calibration timed on a busy host, not kept: %s", "; ".join(timing.judgement.reasons))
         _BUSY_TIMINGS[key] = (time.monotonic(), timing)
@@ -292,10 +255,10 @@ def time_suite(host_cpu: str, num_threads: int,
     return timing
 
 
-def measure_suite(host_cpu: str, num_threads: int,
-                  specs: tuple[SyntheticSpec, ...] = CALIBRATION_SUITE) -> tuple[CalibrationKernel, ...]:
+def measure_suite(host_cpu: str, num_threads: int, specs: tuple[SyntheticSpec, ...] = CALIBRATION_SUITE, *,
+                  time_fresh: FreshTiming | None = None) -> tuple[CalibrationKernel, ...]:
     """The kernels of a clean :func:`time_suite`; raises :class:`PredictorError` when the host was busy."""
-    timing = time_suite(host_cpu, num_threads, specs)
+    timing = time_suite(host_cpu, num_threads, specs, time_fresh=time_fresh)
     if not timing.clean:
         raise PredictorError(f"the calibration suite timed on this {host_cpu} at {timing.measured_at} is not clean "
                              f"({'; '.join(timing.judgement.reasons)}); time it again on a quiet host")
@@ -382,12 +345,13 @@ def scale_by_suite(base: Any, kernels: Sequence[CalibrationKernel], host_cpu: st
         "kernel_ratio_min": float(min(per_kernel)), "kernel_ratio_max": float(max(per_kernel)), "kernels": rows})
 
 
-def calibrate_to_host(base: Any, host_cpu: str, host_threads: int) -> tuple[Any, HostCalibration]:
-    """``base`` scaled to this host by a clean calibration (cached, else timed now), or ``base`` itself with a
-    ``none-fallback`` calibration saying why when the host was busy or the suite could not be timed. Never raises
-    for a busy host."""
+def calibrate_to_host(base: Any, host_cpu: str, host_threads: int, *,
+                      time_fresh: FreshTiming | None = None) -> tuple[Any, HostCalibration]:
+    """``base`` scaled to this host by a clean calibration (cached, else timed now by ``time_fresh``), or ``base``
+    itself with a ``none-fallback`` calibration saying why when the host was busy or the suite could not be timed
+    (also when it must be timed and no ``time_fresh`` was given). Never raises for a busy host."""
     try:
-        timing = time_suite(host_cpu, host_threads)
+        timing = time_suite(host_cpu, host_threads, time_fresh=time_fresh)
         scaled = scale_by_suite(base, timing.kernels, host_cpu, host_threads, timing) if timing.clean else None
     except HetpartError as exc:         # e.g. TVM's pool already runs another thread count than deployments
         reason = f"the calibration suite could not be timed: {str(exc).rstrip('.')}"

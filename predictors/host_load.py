@@ -1,7 +1,7 @@
 """Was the host quiet while a sweep of kernels was timed? The judgement behind a cacheable host calibration.
 
-:class:`~predictors.profiler.KernelProfiler` judges each timing window by its canary against a reference taken from
-the same session's canaries. That is relative: a host busy through the whole session slows the canaries as much as
+The profiler (:class:`~predictors.profiling.profiler.KernelProfiler`) judges each timing window by its canary
+against a reference taken from the same session's canaries. That is relative: a host busy through the whole session slows the canaries as much as
 the kernels, the reference becomes the busy level, and every window passes. :func:`judge_sweep` adds an absolute
 check -- the CPU time other processes (and the hypervisor, as steal time) took on this process's CPUs while the sweep
 ran, read from ``/proc/stat`` (:func:`cpu_use_now`, :func:`other_load_cores`) -- to the profiler's per-window verdicts
@@ -87,8 +87,8 @@ class SweepJudgement:
 
 def judge_sweep(rows: Sequence[Any], canary_reference_us: float | None, tolerance: float,
                 other_cores: float | None, cpus: int, threads: int) -> SweepJudgement:
-    """Judge a sweep's profiler rows (:class:`predictors.store.Measurement`, failed builds left out). Clean when
-    no row was rejected as contended or noisy, every accepted window's canary is within ``tolerance`` of the
+    """Judge a sweep's profiler rows (:class:`predictors.profiling.store.Measurement`, failed builds left out).
+    Clean when no row was rejected as contended or noisy, every accepted window's canary is within ``tolerance`` of the
     sweep's final ``canary_reference_us``, and other processes used at most ``cpus - threads`` plus
     :data:`OTHER_LOAD_ALLOWANCE_CORES` cores on average (``other_cores``; None: that check is skipped)."""
     reasons = []

@@ -38,11 +38,10 @@ therefore stores each training kernel's log residual and adds, for a query, the 
 its ``residual_neighbours`` nearest training kernels in the standardised log-feature space:
 ``Σ w_i r_i / (residual_prior + Σ w_i)`` with ``w_i = exp(-d_i² / 2h²)``, so it fades to 0 away from the data.
 The bandwidth ``h`` (or 0 = off) is chosen by the same k-fold cross-validation as the degree, among 0.1-1.0 in six
-steps (three, 0.1/0.3/1.0, until session 15: the finer grid, with conv2d's batch out of the distance, took
-leave-one-model-out kernels >= 100 µs from 10.7% to 9.7% MAPE on profiles_session14a and from 8.6% to 7.6% on
-profiles_session14b; alone it cost whole models 0.2-0.5 points, with the batch change it gained 0.04-0.4). It is
-still a closed-form model in JSON: coefficients, training points and their residuals. ``residual_columns`` limits
-the distance to some features (:data:`predictors.features.RESIDUAL_EXCLUDED`).
+steps, finer than a grid of three (0.1/0.3/1.0): with conv2d's batch out of the distance it took kernels >= 100 µs
+about a point of MAPE lower (measurements: docs/predictors_history.md). It is still a closed-form model in JSON:
+coefficients, training points and their residuals. ``residual_columns`` limits the distance to some features
+(:data:`predictors.features.RESIDUAL_EXCLUDED`).
 
 **Twins.** A query whose features equal a training kernel's (distance 0) is predicted by that kernel's measured
 label -- the geometric mean if several training rows share the features -- not by the polynomial. Exact workload
@@ -52,8 +51,8 @@ whose batch-1 twin was measured (convolutions are modelled per batch element), o
 differs only in ops its kind's features do not count. The bandwidth cross-validation cannot credit them (its folds
 hold out each distinct feature row whole), so the correction alone left them to the polynomial: MobileNetV2's
 32->16 1x1 convolution at 112x112, measured 60 µs at batch 1, was predicted 144 µs per sample at batch 4 (+216%).
-On leave-one-model-out (profiles_session5b) the rule took kernels >= 100 µs from 8.4% to 6.8% MAPE and from 74.6%
-to 79.8% within ±10%, and kernels 10-100 µs from 12.4% to 12.2%.
+Answering twins by their label took leave-one-model-out kernels >= 100 µs from 8.4% to 6.8% MAPE (Z5-B in
+docs/predictors_history.md).
 
 :class:`predictors.device_predictor.DevicePredictor` combines one such model per kernel kind for a device.
 """

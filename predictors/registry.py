@@ -7,7 +7,9 @@ calibration suite of :mod:`predictors.host_calibration` (only a clean calibratio
 predictor stays unscaled, with a warning). :func:`cpu_cost_note` is the report's line saying all of that.
 
 Importing this module imports neither TVM nor the profiler: the host's CPU name imports the CPU pipeline when first
-asked, and the profiler is imported only when the calibration suite must really be timed.
+asked, and the profiler is never imported here. The caller passes the sweep that times the calibration suite
+(``time_fresh``, e.g. :func:`predictors.profiling.calibration_sweep.time_fresh`); it runs only when the suite must
+really be timed (a foreign predictor and no clean cached calibration on this host).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from typing import Any
 from hetpart.errors import PredictorError
 from hetpart.threads import deployment_threads
 from predictors import host_calibration
-from predictors.host_calibration import HostCalibration
+from predictors.host_calibration import FreshTiming, HostCalibration
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +141,8 @@ class HostCpuPredictor:
         return cpu_cost_note(self.predictor, self.path, self.calibration)
 
 
-def load_host_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = True) -> HostCpuPredictor:
+def load_host_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = True,
+                            time_fresh: FreshTiming | None = None) -> HostCpuPredictor:
     """:func:`load_cpu_predictor`, with the file it read and the host calibration (for :func:`cpu_cost_note`)."""
     from predictors.device_predictor import DevicePredictor
 
@@ -154,7 +157,7 @@ def load_host_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bo
     foreign_threads = bool(predictor.num_threads) and predictor.num_threads != threads
     result, calibration = predictor, None
     if scale_to_host and (foreign_cpu or foreign_threads):
-        result, calibration = host_calibration.calibrate_to_host(predictor, host, threads)
+        result, calibration = host_calibration.calibrate_to_host(predictor, host, threads, time_fresh=time_fresh)
     if foreign_cpu or foreign_threads:
         _warn_foreign(path, predictor, host, threads, foreign_cpu, foreign_threads, calibration)
     stale = stale_rules_note(predictor)
@@ -163,15 +166,17 @@ def load_host_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bo
     return HostCpuPredictor(path, result, calibration)
 
 
-def load_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = True) -> Any:
+def load_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = True,
+                       time_fresh: FreshTiming | None = None) -> Any:
     """The CPU predictor: ``path``, else $HETPART_CPU_PREDICTOR, else the shipped one for this host's CPU
     (:func:`default_cpu_predictor_path`).
 
     When it was measured on another CPU or with another TVM thread count, this warns and -- unless
     ``scale_to_host=False`` -- scales every prediction by the host's speed ratio from a clean calibration suite
-    (:func:`predictors.host_calibration.calibrate_to_host`: ~5 s the first time on a host, then cached). On a busy
-    host, or when the suite cannot be timed, the predictor is returned unscaled and the warning says why."""
-    return load_host_cpu_predictor(path, scale_to_host=scale_to_host).predictor
+    (:func:`predictors.host_calibration.calibrate_to_host`: read from this host's cache, else timed by
+    ``time_fresh``, ~5 s the first time on a host). On a busy host, or when the suite cannot be timed (also without
+    a ``time_fresh`` and no cached calibration), the predictor is returned unscaled and the warning says why."""
+    return load_host_cpu_predictor(path, scale_to_host=scale_to_host, time_fresh=time_fresh).predictor
 
 
 def _warn_foreign(path: Path, predictor: Any, host: str, threads: int, foreign_cpu: bool, foreign_threads: bool,

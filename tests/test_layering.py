@@ -32,6 +32,23 @@ def test_core_modules_import_no_frameworks():
     assert len(modules) > len(CORE)  # the partition package really was scanned
 
 
+def test_a_compiles_cost_path_imports_no_profiler():
+    """What a compile prices kernels with (the predictor registry, the host calibration, cost tables) imports neither
+    the profiler nor the fitting code, nor the compiler: the host calibration's sweep is injected by the driver."""
+    cost_path = ["predictors.registry", "predictors.costs", "predictors.host_calibration",
+                 "predictors.device_predictor", "predictors.analytic", "predictors.versions"]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {cost_path!r}: importlib.import_module(m)\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('predictors.profiling', 'predictors.fitting')) "
+        "or m in ('hetpart.driver.api', 'hetpart.driver.compiler'))\n"
+        "print(','.join(bad))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "", f"the cost path pulled in: {result.stdout.strip()}"
+
+
 def test_import_linter_contracts_hold():
     """Layers and interfaces (pyproject.toml [tool.importlinter]); imports inside functions count too."""
     root = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
-"""``hetpart profile | fit | evaluate``: a thin command-line layer over :mod:`predictors.zoo_profile` and
-:mod:`predictors.training`. ``register(subparsers)`` adds the three subcommands to hetpart's parser."""
+"""``hetpart profile | fit | evaluate``: a thin command-line layer over :mod:`predictors.profiling.zoo_profile` and
+:mod:`predictors.fitting.training`. ``register(subparsers)`` adds the three subcommands to hetpart's parser."""
 from __future__ import annotations
 
 import argparse
@@ -27,11 +27,11 @@ def _progress_logger(every: int = 10):
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from predictors import sampling
-    from predictors.cache_probe import effective_cache_bytes_for_db
-    from predictors.refine import refine_passes
-    from predictors.model_timing import BestWindowProfiler
-    from predictors.zoo_profile import profile_zoo
+    from predictors.profiling import sampling
+    from predictors.profiling.cache_probe import effective_cache_bytes_for_db
+    from predictors.profiling.refine import refine_passes
+    from predictors.profiling.model_timing import BestWindowProfiler
+    from predictors.profiling.zoo_profile import profile_zoo
 
     if args.device != "cpu":
         raise PredictorError(f"hetpart profile --device must be 'cpu'; found {args.device!r}. GPU kernels are "
@@ -45,7 +45,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise PredictorError(f"hetpart profile --passes must be >= 1; found {args.passes}")
     budget_s = args.budget_minutes * 60.0
     profiler = BestWindowProfiler(args.device, windows=args.windows)
-    # the cache this host really gives us, for the in-model terms (once per database; predictors.cache_probe)
+    # the cache this host really gives us, for the in-model terms (once per database; predictors.profiling.cache_probe)
     effective_cache_bytes_for_db(db, json.loads(profiler.target).get("mcpu"))
     if args.refine:
         for k, counts in enumerate(refine_passes(db, budget_s, profiler, args.passes, variants)):
@@ -71,7 +71,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from predictors.registry import cpu_predictor_path_for, host_cpu_name
-    from predictors.training import fit_from_db
+    from predictors.fitting.training import fit_from_db
 
     db = args.db or default_db()
     output = args.output or cpu_predictor_path_for(host_cpu_name())
@@ -90,7 +90,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from predictors.training import evaluate_db
+    from predictors.fitting.training import evaluate_db
 
     db = args.db or default_db()
     report = evaluate_db(db, device=args.device, out_dir=args.out, progress=_progress_logger(1))

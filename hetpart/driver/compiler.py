@@ -176,6 +176,14 @@ def _given_plan(plan: str | Path | Plan | None, devices: str | Sequence[str] | N
     return chosen, choice
 
 
+def _time_calibration_suite(num_threads: int, specs: tuple) -> Any:
+    """Time the host calibration suite now (a foreign CPU predictor and no clean cached calibration): the profiler is
+    imported only then."""
+    from predictors.profiling.calibration_sweep import time_fresh
+
+    return time_fresh(num_threads, specs)
+
+
 def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: str | None = None,
             pins: Mapping[str, str] | None = None, plan: str | Path | Plan | None = None,
             input_shapes: Any = None, example_inputs: Sequence[Any] | None = None, batch: int | None = None,
@@ -226,7 +234,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     graph = op_graph.kernel_graph()
     lap("analyze")
     say(f"predicting latencies of {graph.num_ops} kernels on {', '.join(choice.devices.names)}")
-    cpu = load_host_cpu_predictor(cpu_predictor)
+    cpu = load_host_cpu_predictor(cpu_predictor, time_fresh=_time_calibration_suite)
     predictors: dict[str, Any] = {"cpu": cpu.predictor}
     if choice.gpu_preset is not None:
         predictors["gpu"] = AnalyticGpuModel(choice.gpu_preset)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.predictors.test_zoo_profile import tiny_cnn
+from tests.predictors.profiling.test_zoo_profile import tiny_cnn
 from tests.scripts import load_benchmark
 
 
@@ -15,8 +15,8 @@ def bench():
 
 @pytest.mark.tvm
 def test_replay_captures_the_kernel_calls_and_times_every_mode(bench):
-    from predictors import sampling
-    from predictors.profiler import KernelProfiler
+    from predictors.profiling import sampling
+    from predictors.profiling.profiler import KernelProfiler
 
     profiler = KernelProfiler("cpu")
     calls, model_us = bench.capture_calls(tiny_cnn(sampling.ModelVariant("tiny", 1, 8, "tiny", 0)), profiler)

@@ -94,8 +94,8 @@ def test_a_predictor_fitted_on_kernels_of_older_cpu_rules_is_warned_and_noted(fi
     # a fit records the pipeline its database's kernels were compiled by
     import sqlite3
 
-    from predictors.training import fit_from_db
-    from tests.predictors.test_zoo_profile import build_fake_db
+    from predictors.fitting.training import fit_from_db
+    from tests.predictors.profiling.test_zoo_profile import build_fake_db
 
     build_fake_db(tmp_path / "p.sqlite")
     with sqlite3.connect(tmp_path / "p.sqlite") as conn:
@@ -296,14 +296,14 @@ def test_a_predictor_from_another_cpu_is_warned_and_fit_writes_one_for_this_cpu(
 
     from hetpart.driver import cli_predictors
     from predictors import host_calibration, registry
-    from tests.predictors.test_zoo_profile import build_fake_db
+    from tests.predictors.profiling.test_zoo_profile import build_fake_db
 
     predictor = copy.deepcopy(fitted_predictor[0])                    # the fixture is shared by the module
     predictor.target, predictor.num_threads = {"kind": "llvm", "mcpu": "znver5"}, None   # no thread warning
     predictor.fit_info["training"] = {"pipeline_versions": [_current_pipeline()]}      # nor a rules warning
     predictor.save(tmp_path / "cpu.json")
     # the calibration suite is not timed here (tests/predictors/test_host_calibration.py covers it)
-    monkeypatch.setattr(host_calibration, "calibrate_to_host", lambda base, host, threads: (
+    monkeypatch.setattr(host_calibration, "calibrate_to_host", lambda base, host, threads, time_fresh=None: (
         base, host_calibration.HostCalibration("none-fallback", None, None, "not timed in this test")))
     for host, warned in (("znver5", False), ("znver4", True)):
         monkeypatch.setattr(registry, "host_cpu_name", lambda host=host: host)

@@ -1,7 +1,7 @@
 """Host calibration: a CPU predictor used on another CPU (or thread count) is scaled by a suite timed on the host;
-only a sweep timed on a quiet host is kept or used, and a busy host leaves the predictor unscaled, never failing."""
+only a sweep timed on a quiet host is kept or used, and a busy host leaves the predictor unscaled, never failing.
+The sweep itself (the profiler) is tested in tests/predictors/profiling/test_calibration_sweep.py."""
 import copy
-import datetime
 import json
 from types import SimpleNamespace
 
@@ -12,11 +12,10 @@ from hetpart.errors import PredictorError
 from predictors import host_calibration, host_load, registry
 from predictors.context import ContextTerms
 from predictors.device_predictor import DevicePredictor
-from predictors.host_calibration import (CalibrationKernel, HostCalibration, HostScaledPredictor, SuiteTiming,
-                                         measure_suite, scale_by_suite, suite_cache_path, suite_speed_ratio,
-                                         time_suite)
+from predictors.host_calibration import (CALIBRATION_SUITE, CalibrationKernel, HostCalibration, HostScaledPredictor,
+                                         SuiteTiming, scale_by_suite, suite_cache_path, suite_speed_ratio)
 from predictors.host_load import SweepJudgement, judge_sweep
-from predictors.sampling import SyntheticSpec
+from predictors.synthetic_spec import SyntheticSpec
 from tests.predictors.synthetic_kernels import random_kernels, synthetic_latency_us
 
 SMALL_SUITE = (SyntheticSpec.of("add_relu", n=1, c=16, hw=28), SyntheticSpec.of("matmul", m=8, k=64, n=64))
@@ -120,107 +119,6 @@ def test_other_processes_load_is_read_from_proc_stat(tmp_path, monkeypatch):
     assert host_load.cpu_use_now() is None
 
 
-# ------------------------------------------------------------------------------------ fake sweeps
-@pytest.fixture(scope="module")
-def small_workloads():
-    """The deployment kernels of SMALL_SUITE (built once; nothing is timed)."""
-    from predictors.profiler import KernelProfiler
-
-    return host_calibration._suite_workloads(SMALL_SUITE, KernelProfiler("cpu"))
-
-
-class FakeSweep:
-    """Injects the profiler's verdicts and the other processes' load into :func:`time_suite`."""
-
-    def __init__(self, monkeypatch, workloads):
-        from predictors.profiler import KernelProfiler
-
-        self.status, self.canary_us, self.other_cores, self.measured = "ok", 100.0, 0.05, 0
-        self.busy_before = None
-        monkeypatch.setattr(host_calibration, "busy_reason_now", lambda threads: self.busy_before)
-        monkeypatch.setattr(host_calibration, "_suite_workloads", lambda specs, profiler: workloads)
-        monkeypatch.setattr(host_calibration, "_pool_threads", lambda: 2)
-        monkeypatch.setattr(host_calibration, "host_cpus", lambda: 2)
-        monkeypatch.setattr(host_calibration, "other_load_cores", lambda start, end: self.other_cores)
-        monkeypatch.setattr(KernelProfiler, "canary_reference_us", property(lambda profiler: 100.0))
-        monkeypatch.setattr(KernelProfiler, "measure", lambda profiler, workload: self._row(workload))
-
-    def _row(self, workload):
-        from predictors.store import Measurement
-
-        self.measured += 1
-        status = self.status(workload) if callable(self.status) else self.status
-        timed = status != "failed"
-        median_us = 10.0 * self.measured if timed else None
-        return Measurement(key_hash=workload.key_hash, workload_key=workload.workload_key, kernel_name=workload.name,
-                           device="cpu", target="llvm", tvm_version="x", num_threads=2, canary_kernel="c",
-                           features=workload.features, session_id="s", canary_us=self.canary_us if timed else None,
-                           median_us=median_us, mad_us=0.0 if timed else None, spread=0.0 if timed else None,
-                           n_repeats=7 if timed else 0, number=1, samples_us=(median_us,) * 7 if timed else (),
-                           status=status, error="" if status == "ok" else "contended", timestamp_s=0.0)
-
-
-@pytest.fixture
-def sweep(monkeypatch, small_workloads):
-    return FakeSweep(monkeypatch, small_workloads)
-
-
-@pytest.mark.tvm
-def test_a_clean_sweep_is_cached_with_when_it_was_measured_and_reused(sweep, monkeypatch):
-    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-    timing = time_suite("somecpu", 2, SMALL_SUITE)
-    assert timing.clean and timing.origin == "fresh" and sweep.measured == 2 * len(SMALL_SUITE)
-    assert [k.name.split("/")[0] for k in timing.kernels] == [s.name for s in SMALL_SUITE]
-    assert [k.host_us for k in timing.kernels] == [10.0, 20.0]          # each kernel's lower pass
-    assert timing.kernels[1].node.flops == 2 * 8 * 64 * 64 + 8 * 64      # the kernel's features (bias add)
-    saved = json.loads(suite_cache_path("somecpu", 2, SMALL_SUITE).read_text())
-    measured_at = datetime.datetime.fromisoformat(saved["measured_at"])
-    assert measured_at.utcoffset() == datetime.timedelta(0) and measured_at >= before
-    assert saved["measured_at"] == timing.measured_at and saved["num_threads"] == 2
-    assert saved["judgement"] == {"clean": True, "reasons": [], "canary_reference_us": 100.0,
-                                  "other_load_cores": 0.05}
-    assert time_suite("somecpu", 2, SMALL_SUITE) is timing                # kept for the process
-    # a new process reads the file instead of timing again
-    host_calibration.forget_timings()
-    sweep.status = lambda workload: pytest.fail("timed again")
-    again = time_suite("somecpu", 2, SMALL_SUITE)
-    assert again.origin == "cached" and again.kernels == timing.kernels and again.measured_at == timing.measured_at
-    assert measure_suite("somecpu", 2, SMALL_SUITE) == timing.kernels
-
-
-@pytest.mark.tvm
-@pytest.mark.parametrize("busy", ["busy_before", "other_load", "rejected", "late_canary"])
-def test_a_busy_sweep_is_neither_kept_nor_accepted(sweep, busy):
-    if busy == "busy_before":
-        sweep.busy_before = "other processes kept 1.90 of this host's 2 core(s) busy before the suite started"
-    elif busy == "other_load":
-        sweep.other_cores = 1.4                       # every canary equally slow: only the load shows it
-    elif busy == "rejected":
-        sweep.status = lambda workload: "rejected_noisy" if "matmul" in workload.name else "ok"
-    else:
-        sweep.canary_us = 140.0                       # above the sweep's final reference (100 us)
-    timing = time_suite("busycpu", 2, SMALL_SUITE)
-    assert not timing.clean and timing.origin == "fresh" and timing.judgement.reasons
-    assert not suite_cache_path("busycpu", 2, SMALL_SUITE).exists()
-    timed = sweep.measured
-    expected = {"busy_before": 0, "rejected": 1 + [s.name for s in SMALL_SUITE].index(
-        next(s.name for s in SMALL_SUITE if "matmul" in s.name))}.get(busy, 2 * len(SMALL_SUITE))
-    assert timed == expected, "a busy host is not timed further than needed to know it is busy"
-    with pytest.raises(PredictorError, match="is not clean"):
-        measure_suite("busycpu", 2, SMALL_SUITE)      # the busy verdict is reused for a while, not timed again
-    assert sweep.measured == timed
-    host_calibration.forget_timings()
-    assert not time_suite("busycpu", 2, SMALL_SUITE).clean and sweep.measured == 2 * timed
-
-
-@pytest.mark.tvm
-def test_too_few_kernels_built_refuse_to_scale(sweep):
-    sweep.status = "failed"                           # a build failure is not contention: the sweep stays clean
-    with pytest.raises(PredictorError, match="only 0 of the 2 calibration kernels could be built"):
-        time_suite("brokencpu", 2, SMALL_SUITE)
-    assert not suite_cache_path("brokencpu", 2, SMALL_SUITE).exists()
-
-
 def test_an_unreadable_or_unjudged_calibration_file_is_measured_again(tmp_path, caplog):
     path = suite_cache_path("somecpu", 2, SMALL_SUITE)
     path.parent.mkdir(parents=True)
@@ -237,30 +135,12 @@ def test_an_unreadable_or_unjudged_calibration_file_is_measured_again(tmp_path, 
         assert "unreadable host calibration" in caplog.text
 
 
-@pytest.mark.tvm
-def test_the_real_suite_is_timed_and_kept_only_when_clean(monkeypatch):
-    """Really times two small kernels: on a busy host the sweep is unclean and not kept, which is right too."""
-    from predictors.profiler import num_threads
-
-    threads = num_threads()
-    timing = time_suite("somecpu", threads, SMALL_SUITE)
-    assert set(k.name.split("/")[0] for k in timing.kernels) <= {s.name for s in SMALL_SUITE}
-    assert all(k.host_us > 0 for k in timing.kernels)
-    path = suite_cache_path("somecpu", threads, SMALL_SUITE)
-    assert path.exists() is timing.clean
-    if timing.clean:
-        assert len(timing.kernels) == len(SMALL_SUITE) and json.loads(path.read_text())["num_threads"] == threads
-        host_calibration.forget_timings()
-        monkeypatch.setattr("predictors.profiler.KernelProfiler.measure", lambda *a: pytest.fail("timed again"))
-        assert time_suite("somecpu", threads, SMALL_SUITE).kernels == timing.kernels
-    else:
-        assert timing.judgement.reasons
-    # another thread count than TVM's pool cannot be timed here
-    with pytest.raises(PredictorError, match="TVM's pool runs"):
-        time_suite("somecpu", threads + 1, SMALL_SUITE)
-
-
 # ------------------------------------------------------------------------------------ compile-level behaviour
+def _returns(timing):
+    """A stand-in for :func:`time_suite` (cached or timed: the registry cannot tell) that gives ``timing``."""
+    return lambda host, threads, time_fresh=None: timing
+
+
 def _timing(suite, origin, clean=True):
     reasons = () if clean else ("other processes kept 1.40 of this host's 2 core(s) busy on average",)
     return SuiteTiming(tuple(suite), MEASURED_AT, origin, SweepJudgement(reasons, 100.0, 1.4 if reasons else 0.0))
@@ -281,7 +161,7 @@ def foreign(fitted, tmp_path, monkeypatch):
 def test_compile_scales_a_foreign_predictor_by_a_clean_calibration_and_says_which(foreign, monkeypatch, caplog,
                                                                                  origin):
     predictor, nodes, path, suite = foreign
-    monkeypatch.setattr(host_calibration, "time_suite", lambda host, threads: _timing(suite, origin))
+    monkeypatch.setattr(host_calibration, "time_suite", _returns(_timing(suite, origin)))
     with caplog.at_level("WARNING", logger="predictors.registry"):
         loaded = registry.load_host_cpu_predictor(path)
     assert isinstance(loaded.predictor, HostScaledPredictor)
@@ -301,7 +181,7 @@ def test_compile_scales_a_foreign_predictor_by_a_clean_calibration_and_says_whic
 def test_a_busy_host_leaves_the_predictor_unscaled_with_one_warning(foreign, monkeypatch, caplog):
     predictor, nodes, path, suite = foreign
     suite = _calibration(predictor, nodes, [4.0, 4.0])             # what contention would have made of the ratio
-    monkeypatch.setattr(host_calibration, "time_suite", lambda host, threads: _timing(suite, "fresh", clean=False))
+    monkeypatch.setattr(host_calibration, "time_suite", _returns(_timing(suite, "fresh", clean=False)))
     with caplog.at_level("WARNING", logger="predictors.registry"):
         loaded = registry.load_host_cpu_predictor(path)
     assert isinstance(loaded.predictor, DevicePredictor)
@@ -320,7 +200,7 @@ def test_a_busy_host_leaves_the_predictor_unscaled_with_one_warning(foreign, mon
 def test_a_suite_that_cannot_be_timed_leaves_the_predictor_unscaled(foreign, monkeypatch, caplog):
     predictor, nodes, path, suite = foreign
 
-    def fails(host, threads):
+    def fails(host, threads, time_fresh=None):
         raise PredictorError("TVM's pool runs 1 thread(s).")
 
     monkeypatch.setattr(host_calibration, "time_suite", fails)
@@ -335,7 +215,7 @@ def test_a_suite_that_cannot_be_timed_leaves_the_predictor_unscaled(foreign, mon
 
 def test_a_predictor_of_this_cpu_needs_no_calibration_and_scaling_can_be_declined(foreign, monkeypatch, caplog):
     predictor, nodes, path, suite = foreign
-    monkeypatch.setattr(host_calibration, "time_suite", lambda host, threads: _timing(suite, "fresh"))
+    monkeypatch.setattr(host_calibration, "time_suite", _returns(_timing(suite, "fresh")))
     monkeypatch.setattr(registry, "host_cpu_name", lambda: "znver5")
     with caplog.at_level("WARNING", logger="predictors.registry"):
         native = registry.load_host_cpu_predictor(path)
@@ -351,3 +231,35 @@ def test_a_predictor_of_this_cpu_needs_no_calibration_and_scaling_can_be_decline
     with caplog.at_level("WARNING", logger="predictors.registry"):
         unscaled = registry.load_cpu_predictor(path, scale_to_host=False)
     assert isinstance(unscaled, DevicePredictor) and "its CPU costs are not scaled." in caplog.text
+
+
+# ------------------------------------------------------------------------------------ the injected sweep
+def test_the_callers_sweep_times_the_suite_once_and_a_clean_one_is_reused_without_it(foreign, monkeypatch):
+    """What a compile does on a foreign CPU: the sweep it passes (the profiler's, in the driver) times the suite
+    when no clean calibration is cached; later loads read the cache and need no sweep."""
+    predictor, nodes, path, _ = foreign
+    calls = []
+
+    def sweep(num_threads, specs):
+        calls.append((num_threads, specs))
+        kernels = _calibration(DevicePredictor.load(path), nodes, [0.5] * len(specs))
+        return SuiteTiming(tuple(kernels), MEASURED_AT, "fresh", SweepJudgement((), 100.0, 0.0))
+
+    monkeypatch.setattr(host_calibration, "_pool_threads", lambda: 2)
+    fresh = registry.load_host_cpu_predictor(path, time_fresh=sweep)
+    assert calls == [(2, CALIBRATION_SUITE)]
+    assert fresh.calibration == HostCalibration("fresh", pytest.approx(0.5), MEASURED_AT)
+    np.testing.assert_allclose(fresh.predictor.predict(nodes), 0.5 * predictor.predict(nodes))
+    host_calibration.forget_timings()                           # a new process: the clean sweep was kept on disk
+    cached = registry.load_host_cpu_predictor(path)
+    assert calls == [(2, CALIBRATION_SUITE)] and cached.calibration.status == "cached"
+    np.testing.assert_allclose(cached.predictor.predict(nodes), 0.5 * predictor.predict(nodes))
+
+
+def test_without_a_sweep_and_no_cached_calibration_the_predictor_stays_unscaled(foreign, caplog):
+    predictor, nodes, path, _ = foreign
+    with caplog.at_level("WARNING", logger="predictors.registry"):
+        loaded = registry.load_host_cpu_predictor(path)
+    assert isinstance(loaded.predictor, DevicePredictor) and loaded.calibration.status == "none-fallback"
+    assert "no sweep was given to time the suite" in loaded.calibration.reason
+    assert "its CPU costs are not scaled, because the calibration suite could not be timed" in caplog.text

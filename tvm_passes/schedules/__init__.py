@@ -1,6 +1,6 @@
 """hetpart's default CPU schedules: DLight-style rules applied to CPU PrimFuncs, and the CPU Relax pipeline.
 
-Public API (used by tvm_passes.build and predictors.workloads / predictors.profiler):
+Public API (used by tvm_passes.build, tvm_passes.outline and predictors.registry):
 
 - ``cpu_schedule_pass(target)``: module pass scheduling every unscheduled CPU PrimFunc with the rules.
 - ``cpu_pipeline(target, database_dir=None)``: relax default CPU pipeline + tuning database + the rules.
@@ -12,7 +12,8 @@ Public API (used by tvm_passes.build and predictors.workloads / predictors.profi
 
 # Bump whenever a rule or layout pass change makes an unchanged operator compile to a different kernel, so
 # `hetpart profile` rebuilds stored workloads (new kernels are measured; the old rows go stale, see
-# predictors.training). 2: stride-1 1x1 convs whose rows have no divisor near the vector width are prepacked;
+# predictors.fitting.dataset.superseded_keys). 2: stride-1 1x1 convs whose rows have no divisor near the vector
+# width are prepacked;
 # 3: matmul column tiles are 1, 2 or 4 vectors, never 3; 4: concatenations are partitioned per input (concat rule);
 # 5: exp, tanh, sigmoid, erf (and gelu, silu, softmax) are legalized to TVM's vectorisable fast versions
 # (tvm_passes.legalize), not a scalar libm call per element; 6 (never released): concat chunks are whole vectors;
