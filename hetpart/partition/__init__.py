@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 from hetpart.costs import CostTable
 from hetpart.errors import InvalidPlanError
 from hetpart.graph import OpGraph
-from hetpart.partition import cp_greedy, exhaustive, greedy, heft, milp
+from hetpart.partition import cp_greedy, exhaustive, greedy, heft, milp, portfolio
 from hetpart.partition.common import PartitionConfig, ProblemTooLargeError
 from hetpart.partition.explain import OpWhy, explain
 from hetpart.partition.single_device import solve_all_cpu, solve_all_gpu
@@ -25,10 +25,11 @@ METHODS: dict[str, SolveFn] = {
     "greedy": greedy.solve,
     "heft": heft.solve,
     "cp_greedy": cp_greedy.solve,
+    "portfolio": portfolio.solve,
     "milp": milp.solve,
     "exhaustive": exhaustive.solve,
 }
-DEFAULT_METHOD = "cp_greedy"
+DEFAULT_METHOD = "portfolio"
 
 
 def get_method(name: str) -> SolveFn:

@@ -35,13 +35,18 @@ class PartitionConfig:
     pins: Mapping[str, str] = field(default_factory=dict)    # op name / glob / "op:<relax op>" -> device
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     preferred_device: str | None = None      # greedy: the device that takes every op it supports (default: a GPU)
-    max_evaluations: int | None = None       # cp_greedy: simulations allowed (None: scaled to graph size)
+    max_evaluations: int | None = None       # cp_greedy, portfolio: simulations allowed (None: scaled to size)
+    perturbations: int = 20                  # cp_greedy, portfolio: kicks at a local optimum (0: plain descent)
+    seed: int = 0                            # cp_greedy, portfolio: seed of the kicks' random draws
     time_limit_s: float = 60.0               # milp: HiGHS time limit
     milp_max_ops: int = 250                  # milp: refuse larger graphs (constraints grow ~ n^2)
     exhaustive_max_schedules: int = 200_000  # exhaustive: refuse when more (assignment, order) pairs than this
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pins", dict(self.pins))
+        if self.perturbations < 0 or (self.max_evaluations is not None and self.max_evaluations < 1):
+            raise InvalidPlanError(f"perturbations must be >= 0 and max_evaluations >= 1 (or None); found "
+                                   f"{self.perturbations} and {self.max_evaluations}")
         if isinstance(self.simulation, Mapping):
             object.__setattr__(self, "simulation", SimulationConfig.from_dict(self.simulation))
 
@@ -110,7 +115,8 @@ class Problem:
 
     # ------------------------------------------------------------------ orders
     def upward_rank(self, dev: Sequence[int] | None = None) -> np.ndarray:
-        """HEFT upward rank: mean (or assigned-device) latency + max over successors of copy + rank."""
+        """HEFT upward rank: mean (or assigned-device) latency + max over successors of copy + rank. With an
+        assignment, a model output produced off the host also counts its copy back to the host."""
         model, n = self.model, self.n
         if dev is None:
             w = [float(np.mean(self.lat[i, list(self.allowed_list[i])])) for i in range(n)]
@@ -120,9 +126,9 @@ class Problem:
             w = [model.lat[dev[i]][i] for i in range(n)]
             comm = [0.0] * n
         rank = [0.0] * n
-        succ = model.succ
+        succ, host = model.succ, self.host
         for i in range(n - 1, -1, -1):
-            best = 0.0
+            best = model.tdur[dev[i]][host][i] if dev is not None and model.is_output[i] and dev[i] != host else 0.0
             for j in succ[i]:
                 c = rank[j] + (comm[i] if dev is None else (model.tdur[dev[i]][dev[j]][i] if dev[i] != dev[j] else 0.0))
                 if c > best:

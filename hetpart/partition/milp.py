@@ -4,7 +4,7 @@ Variables: ``x[i,d]`` (op i on device d, binary), ``s[i]`` (start), ``C`` (makes
 pair of ops with no path between them: i before j when they share a device), and per producer ``u`` and
 device ``b`` a copy ``z[u,b]`` (binary: u's output is copied to b) with start ``cs[u,b]``; likewise per model
 input and non-host device. Constraints (big-M with M = horizon + longest op + longest copy;
-the horizon is 1.25 x the cp_greedy makespan):
+the horizon is 1.25 x the portfolio makespan):
 
 * one device per op (pins and support fix ``x``); data precedence ``s_v >= s_u + p_u`` on every edge;
 * a consumer on another device than its producer starts after the copy ends; a copy starts after its
@@ -16,12 +16,13 @@ the horizon is 1.25 x the cp_greedy makespan):
 
 This is the simulator's model, so the optimum over (assignment, per-device order) is the simulator's
 optimum (tested against ``exhaustive``). Differences, stated plainly: the MILP ignores the memory check
-(the returned plan is simulated, memory included; if the MILP's plan overflows, the cp_greedy plan is
-kept); and all times are bounded by a horizon ``H`` = 1.25 x the makespan of the cp_greedy plan computed
+(the returned plan is simulated, memory included; if the MILP's plan overflows, the portfolio plan is
+kept); and all times are bounded by a horizon ``H`` = 1.25 x the makespan of the portfolio plan computed
 first (so ``C <= H`` cuts off nothing better). That plan is also the incumbent returned when HiGHS finds
 nothing better within ``config.time_limit_s``. The returned plan is always scored by ``simulate``.
 ``plan.stats`` holds the MILP objective, HiGHS' dual bound, the best lower bound (with ``lower_bound_us``),
-the gap ``(makespan - bound) / makespan`` and whether optimality was proven. Graphs above ``config.milp_max_ops`` raise ProblemTooLargeError (the model grows ~n^2).
+the gap ``(makespan - bound) / makespan`` and whether optimality was proven. Graphs above
+``config.milp_max_ops`` raise ProblemTooLargeError (the model grows ~n^2).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from hetpart.costs import CostTable
 from hetpart.errors import InfeasibleError
 from hetpart.graph import OpGraph
-from hetpart.partition import cp_greedy
+from hetpart.partition import portfolio
 from hetpart.partition.common import PartitionConfig, Problem, ProblemTooLargeError, finish_plan
 from hetpart.plan import Plan
 
@@ -219,8 +220,8 @@ def solve(graph: OpGraph, costs: CostTable, config: PartitionConfig | Mapping[st
     limit = problem.config.milp_max_ops
     if problem.n > limit:
         raise ProblemTooLargeError(f"milp builds ~n^2 constraints; {graph.name!r} has {problem.n} ops, more than "
-                                   f"milp_max_ops={limit}. Use cp_greedy or heft, or raise the limit.")
-    inc_dev, inc_order, incumbent, _ = cp_greedy.search(problem)
+                                   f"milp_max_ops={limit}. Use portfolio or heft, or raise the limit.")
+    inc_dev, inc_order, incumbent, _ = portfolio.search(problem)
     # The horizon (the big-M of the ordering constraints) sits above the incumbent: a tight one (== incumbent)
     # made HiGHS' presolve fail (status 4, "Solve error"). HiGHS still fails now and then on a model it solves
     # with another horizon or without presolve (a 6-op layered graph: status 4 at 1.25x with and without
@@ -250,7 +251,7 @@ def solve(graph: OpGraph, costs: CostTable, config: PartitionConfig | Mapping[st
     assert res is not None, "time_limit_s must be > 0"
     solve_s = time.perf_counter() - built
     dev, order, best = inc_dev, inc_order, incumbent
-    source = "cp_greedy incumbent"
+    source = "portfolio incumbent"
     objective = None
     if res.x is not None:
         objective = float(res.x[index["C"]])
@@ -263,7 +264,7 @@ def solve(graph: OpGraph, costs: CostTable, config: PartitionConfig | Mapping[st
             feasible = True
         except InfeasibleError:
             feasible = False
-            logger.warning("milp: the MILP optimum overflows a device's memory (not modelled); keeping cp_greedy")
+            logger.warning("milp: the MILP optimum overflows a device's memory (not modelled); keeping the portfolio plan")
         if sched.makespan_us > objective * (1 + 1e-6) + 1e-6:
             logger.warning("milp: simulated makespan %.3f exceeds the MILP objective %.3f: model mismatch",
                            sched.makespan_us, objective)

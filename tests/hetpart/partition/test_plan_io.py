@@ -1,14 +1,15 @@
-"""Save a plan, load it, edit it by hand (JSON), re-simulate it; and the planner scaling goals."""
+"""Save a plan, load it, edit it by hand (JSON), re-simulate it; and the searches' simulation budget."""
 from __future__ import annotations
 
 import json
-import time
 import warnings
 
 import pytest
 
 from hetpart.errors import DegeneratePlanWarning, InvalidPlanError, PinError, SchemaError
 from hetpart.partition import partition
+from hetpart.partition.common import Problem
+from hetpart.partition.cp_greedy import default_budget
 from hetpart.partition.synthetic import synthetic_problem
 from hetpart.plan import Plan
 from hetpart.simulate import simulate
@@ -54,26 +55,16 @@ def test_loading_an_edited_plan_that_breaks_a_pin_or_the_graph_fails(tmp_path):
         Plan.load(path)
 
 
-def planner_cpu_seconds(method: str, n_ops: int) -> float:
-    """CPU time of one planning run (process time: other jobs on the shared machine do not inflate it)."""
+@pytest.mark.parametrize("n_ops", [1000, pytest.param(10_000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method", ["cp_greedy", "portfolio"])
+def test_the_searches_stay_within_their_simulation_budget(method, n_ops):
+    # planner times are reported by benchmarks/partition.py; here the deterministic bound on the work done
     graph, costs = synthetic_problem("layered", n_ops, 0)
-    started = time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegeneratePlanWarning)
         plan = partition(graph, costs, method)
-    assert plan.makespan_us > 0
-    return time.process_time() - started
-
-
-@pytest.mark.parametrize("method", ["heft", "cp_greedy"])
-def test_planning_1k_ops_takes_under_a_second(method):
-    assert planner_cpu_seconds(method, 1000) < 1.0
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["heft", "cp_greedy"])
-def test_planning_10k_ops_takes_under_ten_seconds(method):
-    assert planner_cpu_seconds(method, 10_000) < 10.0
+    assert plan.stats["budget"] == default_budget(Problem(graph, costs, None, method))
+    assert 0 < plan.stats["evaluations"] <= plan.stats["budget"]
 
 
 def test_a_saved_plan_resimulates_with_the_settings_it_was_made_with(tmp_path):
