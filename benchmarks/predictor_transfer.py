@@ -1,6 +1,6 @@
 """How far off a CPU predictor is on kernels and models measured on another CPU, and how much host scaling helps.
 
-    python benchmarks/predictor_transfer.py --db DB --predictor predictors/data/cpu_default.json [--out DIR]
+    python benchmarks/predictor_transfer.py --db DB --predictor predictors/data/cpu_znver5.json [--out DIR]
 
 Predicts every kernel and whole model stored in the profile database ``DB`` (measured on this host) with the
 predictor JSON (fitted on whatever CPU its provenance names) and writes ``predictor_transfer.json`` + ``.md``: the

@@ -247,7 +247,7 @@ def test_shipped_cpu_predictor_loads_with_this_feature_schema():
 def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features(fitted_predictor, tmp_path):
     """Schema 7 added the batch to conv2d's features; schema-6 files (the shipped Zen 5 predictor, whose database
     is gone) keep predicting with the 9 conv features they were fitted on, and stay schema 6 when saved again."""
-    from predictors.registry import DEFAULT_CPU_PREDICTOR, cpu_predictor_path_for
+    from predictors.registry import cpu_predictor_path_for
     from tests.predictors.synthetic_kernels import conv_node
 
     assert "batch" in KIND_FEATURES["conv2d"] and "batch" not in KIND_FEATURES_BY_SCHEMA[6]["conv2d"]
@@ -260,7 +260,7 @@ def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features
     fresh = fitted_predictor[0]
     assert fresh.provenance()["feature_schema_version"] == FEATURE_SCHEMA_VERSION
     assert "batch" in fresh.provenance()["training_ranges"]["conv2d"]
-    old = DevicePredictor.load(cpu_predictor_path_for("znver4").with_name(DEFAULT_CPU_PREDICTOR))
+    old = DevicePredictor.load(cpu_predictor_path_for("znver5"))
     assert old.feature_schema_version == 6 and "batch" not in old.provenance()["training_ranges"]["conv2d"]
     nodes = [conv_node(0, batch, 64, 64, 56, 3) for batch in (1, 4)]
     with warnings.catch_warnings():
