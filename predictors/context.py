@@ -38,7 +38,7 @@ whole-model measurements (:func:`fit_context_terms`), turn isolated predictions 
 The last-level cache these terms take shares of is the bound :mod:`predictors.profiling.cache_probe` derives for the
 profiled host (stored in the profile database): its probe, or sysfs's figure when the probe lies within the
 smallest share of it; sysfs's figure alone only when there is no probe -- a VM may report a cache it does not get
-(480 MiB on this machine kind's Intel guest, which behaves like 48 MiB).
+(480 MiB on the 2-core Intel guest, which behaves like 48 MiB).
 
 **Which weights are cold: the cache share rule.** Between two inferences a model streams its weights and its
 activations through the last-level cache. A thrash-resistant LLC (adaptive insertion, as on current x86 parts)

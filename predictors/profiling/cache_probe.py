@@ -2,7 +2,7 @@
 
 The in-model terms (:mod:`predictors.context`) decide from the last-level cache size whether a model's weights
 stay cached between inferences. sysfs reports the hardware cache, which a virtual machine may share with other
-guests: this machine kind's Intel guest reports a 480 MiB L3, so every zoo model's weights counted as cached and
+guests: the 2-core Intel guest reports a 480 MiB L3, so every zoo model's weights counted as cached and
 ResNet-50 was predicted 45% low (its whole-model time is 1.4-1.8x the sum of its isolated kernels there).
 
 The probe reads arrays of growing size (``max`` over float32, best of several passes; single-threaded) and finds
