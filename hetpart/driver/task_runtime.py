@@ -1,0 +1,365 @@
+"""A task runtime: a plan's segments run by one worker thread per device, many requests in flight.
+
+    with TaskRuntime.from_compiled(compiled) as rt:          # compiled = hetpart.compile(...)
+        (logits,) = rt(x)                                     # one request
+        future = rt.submit(x)                                 # concurrent.futures.Future -> list[np.ndarray]
+        outputs, latency_us = rt.run_many([[x0], [x1], ...], max_in_flight=8)
+
+What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model.md):
+
+- the op-level plan is cut by ``hetpart.segments.segment_plan``; every segment is one Relax function of ONE
+  executable (``tvm_passes.segment_build``);
+- one worker thread per device owns its own ``relax.VirtualMachine`` (created in that thread: a VM must never be
+  called from two threads; the Executable is shared). Without CUDA the GPU is emulated by ``tvm.cpu(1)``;
+- a segment becomes ready when every segment it reads has ended; the worker of its device copies each tensor
+  produced on another device (and each model input, which arrives on the host) to its device with ``copyto``,
+  once per (tensor, destination device) and request, then calls the segment function;
+- a free worker takes its ready segment with the lowest (request index, segment id);
+- an exception in a segment (or a bad input) fails only that request's future; the runtime keeps serving;
+- ``threads_per_device`` gives each worker its own TVM pool size (``runtime.config_threadpool`` in that thread;
+  it cannot exceed ``TVM_NUM_THREADS``).
+
+Copies are made by the destination worker right before the segment runs (not when the producer ends, as the
+model assumes); on two CPU devices that is a memcpy on the consumer's thread.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, UsageError
+from hetpart.threads import ensure_tvm_threads
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TaskRuntime"]
+
+
+@dataclass
+class _Request:
+    index: int
+    future: Future
+    inputs: list[Any]                                  # host tensors
+    missing: list[int]                                 # per segment: producer segments not yet ended
+    remaining: int                                     # segments not yet ended
+    values: dict[int, Any] = field(default_factory=dict)             # op id -> tensor on its producer's device
+    copies: dict[tuple[Any, str], Any] = field(default_factory=dict)  # (op id or ("in", k), device) -> copy
+    failed: bool = False
+
+
+@dataclass
+class _Worker:
+    device: str
+    runtime_device: Any
+    threads: int | None
+    heap: list[tuple[int, int]] = field(default_factory=list)     # (request index, segment id)
+    thread: threading.Thread | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+def _copy(value: Any, device: Any) -> Any:
+    if hasattr(value, "copyto"):
+        return value.copyto(device)
+    return [_copy(v, device) for v in value]          # a tuple-valued op output
+
+
+def _flatten(value: Any) -> list[Any]:
+    if hasattr(value, "numpy"):
+        return [value]
+    return [leaf for item in value for leaf in _flatten(item)]
+
+
+def check_inputs(specs: Sequence[Mapping[str, Any]], args: Sequence[Any],
+                 named: Mapping[str, Any]) -> list[np.ndarray]:
+    """Model inputs as contiguous numpy arrays of the compiled shapes and dtypes (positional or by name)."""
+    names = [str(s["name"]) for s in specs]
+    if args and named:
+        raise InputMismatchError("pass inputs either positionally or by name, not both")
+    if named:
+        unknown, missing = sorted(set(named) - set(names)), [n for n in names if n not in named]
+        if unknown or missing:
+            raise InputMismatchError(f"inputs must be exactly {names}; unknown {unknown}, missing {missing}")
+        args = [named[n] for n in names]
+    if len(args) != len(specs):
+        raise InputMismatchError(f"the model takes {len(specs)} input(s) {names}; got {len(args)}")
+    arrays = []
+    for spec, value in zip(specs, args):
+        array = np.asarray(value)
+        shape, dtype = tuple(int(d) for d in spec["shape"]), str(spec["dtype"])
+        if array.shape != shape:
+            raise InputMismatchError(f"input {spec['name']!r} must have shape {list(shape)} (compiled for it); "
+                                     f"got {list(array.shape)}")
+        if array.dtype != np.dtype(dtype):
+            if not np.can_cast(array.dtype, dtype, casting="same_kind"):
+                raise InputMismatchError(f"input {spec['name']!r} must be {dtype}; got {array.dtype}")
+            array = array.astype(dtype)
+        arrays.append(np.ascontiguousarray(array))
+    return arrays
+
+
+class TaskRuntime:
+    """Runs a :class:`tvm_passes.segment_build.SegmentBuild` with one worker thread per device."""
+
+    def __init__(self, build: Any, *, runtime_devices: Mapping[str, Any] | None = None, host: str = "cpu",
+                 threads_per_device: Mapping[str, int] | None = None, start_timeout_s: float = 120.0):
+        ensure_tvm_threads()
+        import tvm
+
+        self._tvm = tvm
+        self.build = build
+        self.program = build.program
+        self.host = host
+        functions = self.program.functions
+        names = list(dict.fromkeys([host] + [f.device for f in functions]))
+        if runtime_devices is None:          # the host on cpu(0); every other device emulated on cpu(1), cpu(2)...
+            runtime_devices = {name: tvm.cpu(k) for k, name in enumerate(names)}
+        unknown = [n for n in names if n not in runtime_devices]
+        if unknown:
+            raise InvalidPlanError(f"segments run on devices {unknown} that runtime_devices does not map")
+        threads = dict(threads_per_device or {})
+        self._producers = [sorted({self.program.segment_of[op] for op in f.op_params}) for f in functions]
+        self._consumers: list[list[int]] = [[] for _ in functions]
+        for k, producers in enumerate(self._producers):
+            for p in producers:
+                self._consumers[p].append(k)
+        self._lock = threading.Lock()
+        self._conds: dict[str, threading.Condition] = {}
+        self._workers: dict[str, _Worker] = {}
+        self._requests: dict[int, _Request] = {}
+        self._counter = itertools.count()
+        self._closing = False
+        for name in names:
+            if not any(f.device == name for f in functions) and name != host:
+                continue
+            worker = _Worker(name, runtime_devices[name], threads.get(name))
+            self._workers[name] = worker
+            self._conds[name] = threading.Condition(self._lock)
+            worker.thread = threading.Thread(target=self._loop, args=(worker,), daemon=True,
+                                             name=f"hetpart-{name}-worker")
+            worker.thread.start()
+        for worker in self._workers.values():
+            if not worker.ready.wait(start_timeout_s) or worker.error is not None:
+                self.close()
+                raise BuildError(f"the {worker.device} worker could not start its VM on {worker.runtime_device}: "
+                                 f"{worker.error or 'timed out'}")
+        log.info("task runtime: %d segments on %s", len(functions),
+                 ", ".join(f"{w.device}={w.runtime_device}" for w in self._workers.values()))
+
+    # ------------------------------------------------------------------ construction helpers
+    @classmethod
+    def from_module(cls, mod: Any, graph: Any, plan: Any, *, gpu_devices: Sequence[str] = ("gpu",),
+                    tuning_database: Any = None, **kwargs: Any) -> "TaskRuntime":
+        """Segment the op-level ``plan`` of ``graph`` (the OpGraph of ``mod["main"]``), build and start."""
+        from hetpart.segments import segment_plan
+        from tvm_passes.segment_build import build_segments
+
+        if plan.level != "op":
+            raise InvalidPlanError(f"the task runtime segments an op-level plan; found level={plan.level!r} "
+                                   "(expand a kernel plan with hetpart.driver.compiler.expand_plan)")
+        segmentation = segment_plan(graph, plan)
+        return cls(build_segments(mod, segmentation, gpu_devices, tuning_database=tuning_database), **kwargs)
+
+    @classmethod
+    def from_compiled(cls, compiled: Any, module: Any = None, **kwargs: Any) -> "TaskRuntime":
+        """A task runtime for a :class:`hetpart.driver.compiler.CompiledModel` (its op-level plan). ``module`` is
+        the imported Relax module it was compiled from; by default it is re-imported from the ONNX file the
+        compile recorded, and refused unless its op graph is the compiled one."""
+        from tvm_passes.extract import extract_op_graph
+
+        if module is None:
+            onnx_path = compiled.source.get("onnx_path")
+            if not onnx_path:
+                raise UsageError("this model was not compiled from an ONNX file; pass the imported module "
+                                 "(tvm_passes.sources.import_model(...).mod) as module=")
+            from tvm_passes.sources import import_model
+
+            shapes = {str(i["name"]): list(i["shape"]) for i in compiled.source["inputs"]}
+            module = import_model(onnx_path, input_shapes=shapes).mod
+        found = extract_op_graph(module, with_kernels=False).structure_hash()
+        if found != compiled.op_graph.structure_hash():
+            raise InvalidPlanError(f"the module's op graph ({found}) is not the one compiled "
+                                   f"({compiled.op_graph.structure_hash()}); pass the module it was compiled from")
+        gpus = [d.name for d in compiled.costs.devices.devices if d.kind == "gpu"]
+        return cls.from_module(module, compiled.op_graph, compiled.op_plan, gpu_devices=gpus, **kwargs)
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def input_specs(self) -> tuple[Mapping[str, Any], ...]:
+        return tuple(self.build.input_specs)
+
+    def submit(self, *args: Any, **named: Any) -> Future:
+        """Admit one request; its future gives the outputs (list of numpy arrays) or the request's exception."""
+        future: Future = Future()
+        try:
+            arrays = check_inputs(self.input_specs, args, named)
+        except InputMismatchError as exc:
+            future.set_exception(exc)
+            return future
+        return self._submit_arrays(arrays, future)
+
+    def __call__(self, *args: Any, **named: Any) -> list[np.ndarray]:
+        return self.submit(*args, **named).result()
+
+    def run_many(self, inputs_list: Sequence[Sequence[Any]], max_in_flight: int = 1
+                 ) -> tuple[list[list[np.ndarray]], list[float]]:
+        """Run every request (admitted in order, at most ``max_in_flight`` at a time); returns the outputs in
+        request order and each request's latency in µs (completion minus admission). Raises the first failed
+        request's exception after all have finished."""
+        if max_in_flight < 1:
+            raise UsageError(f"max_in_flight must be >= 1; found {max_in_flight}")
+        slots = threading.BoundedSemaphore(max_in_flight)
+        latency_us = [0.0] * len(inputs_list)
+        futures: list[Future] = []
+
+        def done(k: int, admitted: float, _future: Future) -> None:
+            latency_us[k] = (time.perf_counter() - admitted) * 1e6
+            slots.release()
+
+        for k, inputs in enumerate(inputs_list):
+            slots.acquire()
+            admitted = time.perf_counter()
+            future = self.submit(*inputs)
+            future.add_done_callback(lambda f, k=k, admitted=admitted: done(k, admitted, f))
+            futures.append(future)
+        return [f.result() for f in futures], latency_us
+
+    def close(self) -> None:
+        """Stop every worker, join its thread, and fail the requests still in flight."""
+        with self._lock:
+            self._closing = True
+            for cond in self._conds.values():
+                cond.notify_all()
+            pending = list(self._requests.values())
+            self._requests.clear()
+        for worker in self._workers.values():
+            if worker.thread is not None and worker.thread is not threading.current_thread():
+                worker.thread.join()
+        for request in pending:
+            if not request.future.done():
+                request.future.set_exception(UsageError("the task runtime was closed before this request ended"))
+
+    def __enter__(self) -> "TaskRuntime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        devices = ", ".join(f"{w.device}={w.runtime_device}" for w in self._workers.values())
+        return (f"TaskRuntime({len(self.program.functions)} segments, devices [{devices}]"
+                f"{', GPU EMULATED on CPU' if self.build.emulated else ''})")
+
+    # ------------------------------------------------------------------ scheduling
+    def _submit_arrays(self, arrays: Sequence[np.ndarray], future: Future | None = None) -> Future:
+        future = future or Future()
+        host = self._workers[self.host].runtime_device
+        inputs = [self._tvm.runtime.tensor(a, host) for a in arrays]
+        with self._lock:
+            if self._closing:
+                raise UsageError("the task runtime is closed")
+            index = next(self._counter)
+            request = _Request(index, future, inputs, [len(p) for p in self._producers], len(self._producers))
+            self._requests[index] = request
+            for k, missing in enumerate(request.missing):
+                if not missing:
+                    self._push(index, k)
+        return future
+
+    def _push(self, index: int, segment: int) -> None:
+        """Queue a ready segment (the lock is held)."""
+        device = self.program.functions[segment].device
+        heapq.heappush(self._workers[device].heap, (index, segment))
+        self._conds[device].notify()
+
+    def _loop(self, worker: _Worker) -> None:
+        try:
+            from tvm import relax
+
+            if worker.threads is not None:
+                self._tvm.get_global_func("runtime.config_threadpool")(1, int(worker.threads))
+            vm = relax.VirtualMachine(self.build.executable, worker.runtime_device)
+            calls = {f.segment: vm[f.name] for f in self.program.functions if f.device == worker.device}
+        except BaseException as exc:  # noqa: BLE001 (reported by the constructor)
+            worker.error = exc
+            worker.ready.set()
+            return
+        worker.ready.set()
+        cond = self._conds[worker.device]
+        while True:
+            with cond:
+                while not worker.heap and not self._closing:
+                    cond.wait()
+                if self._closing:
+                    return
+                index, segment = heapq.heappop(worker.heap)
+                request = self._requests.get(index)
+            if request is None or request.failed:
+                continue
+            try:
+                self._run_segment(request, segment, worker, calls[segment])
+            except BaseException as exc:  # noqa: BLE001 (fails this request only)
+                self._fail(request, exc)
+                continue
+            self._segment_done(request, segment)
+
+    def _operand(self, request: _Request, key: Any, value: Any, source: str, worker: _Worker) -> Any:
+        if source == worker.device:
+            return value
+        cached = request.copies.get((key, worker.device))   # only this worker writes copies to its device
+        if cached is None:
+            cached = request.copies[(key, worker.device)] = _copy(value, worker.runtime_device)
+        return cached
+
+    def _run_segment(self, request: _Request, segment: int, worker: _Worker, call: Any) -> None:
+        fn = self.program.functions[segment]
+        segment_of = self.program.segment_of
+        args = [self._operand(request, ("in", k), request.inputs[k], self.host, worker) for k in fn.input_params]
+        args += [self._operand(request, op, request.values[op], self.program.functions[segment_of[op]].device,
+                               worker) for op in fn.op_params]
+        result = call(*args)
+        for k, op in enumerate(fn.outputs):
+            request.values[op] = result[k]
+
+    def _segment_done(self, request: _Request, segment: int) -> None:
+        with self._lock:
+            if request.failed:
+                return
+            for consumer in self._consumers[segment]:
+                request.missing[consumer] -= 1
+                if not request.missing[consumer]:
+                    self._push(request.index, consumer)
+            request.remaining -= 1
+            finished = request.remaining == 0
+            if finished:
+                self._requests.pop(request.index, None)
+        if finished:
+            try:
+                outputs = []
+                for op, path in self.program.model_outputs:
+                    value = request.values[op]
+                    for i in path:
+                        value = value[i]
+                    outputs.extend(np.asarray(t.numpy()) for t in _flatten(value))
+            except BaseException as exc:  # noqa: BLE001
+                request.future.set_exception(exc)
+                return
+            request.future.set_result(outputs)
+
+    def _fail(self, request: _Request, exc: BaseException) -> None:
+        with self._lock:
+            if request.failed:
+                return
+            request.failed = True
+            self._requests.pop(request.index, None)
+        log.warning("request %d failed: %s: %s", request.index, type(exc).__name__, str(exc)[:300])
+        if not request.future.done():
+            request.future.set_exception(exc)
