@@ -70,36 +70,8 @@ class CompiledRuntime:
         return (f"CompiledRuntime({self.directory}, devices [{devices}]"
                 f"{', GPU EMULATED on CPU' if self.emulated else ''})")
 
-    def _check_inputs(self, args: Sequence[Any], named: Mapping[str, Any]) -> list[np.ndarray]:
-        specs = list(self.manifest.inputs)
-        names = [str(s["name"]) for s in specs]
-        if args and named:
-            raise InputMismatchError("pass inputs either positionally or by name, not both")
-        if named:
-            unknown = sorted(set(named) - set(names))
-            missing = [n for n in names if n not in named]
-            if unknown or missing:
-                raise InputMismatchError(f"inputs must be exactly {names}; unknown {unknown}, missing {missing}")
-            args = [named[n] for n in names]
-        if len(args) != len(specs):
-            raise InputMismatchError(f"the model takes {len(specs)} input(s) {names}; got {len(args)}")
-        arrays = []
-        for spec, value in zip(specs, args):
-            array = np.asarray(value)
-            shape, dtype = tuple(int(d) for d in spec["shape"]), str(spec["dtype"])
-            if array.shape != shape:
-                raise InputMismatchError(f"input {spec['name']!r} must have shape {list(shape)} (compiled for it); "
-                                         f"got {list(array.shape)}. Recompile with --input-shape to change it")
-            if array.dtype != np.dtype(dtype):
-                if np.can_cast(array.dtype, dtype, casting="same_kind"):
-                    array = array.astype(dtype)
-                else:
-                    raise InputMismatchError(f"input {spec['name']!r} must be {dtype}; got {array.dtype}")
-            arrays.append(np.ascontiguousarray(array))
-        return arrays
-
     def __call__(self, *args: Any, **named: Any) -> list[np.ndarray]:
-        arrays = self._check_inputs(args, named)
+        arrays = check_inputs(self.manifest.inputs, args, named)
         if self._vm is None:  # one VM per runtime object; a VM is not thread-safe (share the directory instead)
             devices = self.manifest.runtime_devices()
             self._vm = self._relax.VirtualMachine(self._executable, devices)
@@ -108,6 +80,35 @@ class CompiledRuntime:
         result = self._main(*[self._tvm.runtime.tensor(a, host) for a in arrays])
         return [np.asarray(t.numpy()) for t in _flatten(result)]
 
+
+
+def check_inputs(specs: Sequence[Mapping[str, Any]], args: Sequence[Any],
+                 named: Mapping[str, Any]) -> list[np.ndarray]:
+    """Model inputs as contiguous numpy arrays of the compiled shapes and dtypes, given positionally or by name
+    (a same-kind dtype is cast, e.g. float64 -> float32)."""
+    names = [str(s["name"]) for s in specs]
+    if args and named:
+        raise InputMismatchError("pass inputs either positionally or by name, not both")
+    if named:
+        unknown, missing = sorted(set(named) - set(names)), [n for n in names if n not in named]
+        if unknown or missing:
+            raise InputMismatchError(f"inputs must be exactly {names}; unknown {unknown}, missing {missing}")
+        args = [named[n] for n in names]
+    if len(args) != len(specs):
+        raise InputMismatchError(f"the model takes {len(specs)} input(s) {names}; got {len(args)}")
+    arrays = []
+    for spec, value in zip(specs, args):
+        array = np.asarray(value)
+        shape, dtype = tuple(int(d) for d in spec["shape"]), str(spec["dtype"])
+        if array.shape != shape:
+            raise InputMismatchError(f"input {spec['name']!r} must have shape {list(shape)} (compiled for it); "
+                                     f"got {list(array.shape)}. Recompile with --input-shape to change it")
+        if array.dtype != np.dtype(dtype):
+            if not np.can_cast(array.dtype, dtype, casting="same_kind"):
+                raise InputMismatchError(f"input {spec['name']!r} must be {dtype}; got {array.dtype}")
+            array = array.astype(dtype)
+        arrays.append(np.ascontiguousarray(array))
+    return arrays
 
 def _flatten(result: Any) -> list[Any]:
     if hasattr(result, "numpy"):

@@ -36,6 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, UsageError
+from hetpart.driver.runtime import check_inputs
 from hetpart.threads import ensure_tvm_threads
 
 log = logging.getLogger(__name__)
@@ -76,34 +77,6 @@ def _flatten(value: Any) -> list[Any]:
     if hasattr(value, "numpy"):
         return [value]
     return [leaf for item in value for leaf in _flatten(item)]
-
-
-def check_inputs(specs: Sequence[Mapping[str, Any]], args: Sequence[Any],
-                 named: Mapping[str, Any]) -> list[np.ndarray]:
-    """Model inputs as contiguous numpy arrays of the compiled shapes and dtypes (positional or by name)."""
-    names = [str(s["name"]) for s in specs]
-    if args and named:
-        raise InputMismatchError("pass inputs either positionally or by name, not both")
-    if named:
-        unknown, missing = sorted(set(named) - set(names)), [n for n in names if n not in named]
-        if unknown or missing:
-            raise InputMismatchError(f"inputs must be exactly {names}; unknown {unknown}, missing {missing}")
-        args = [named[n] for n in names]
-    if len(args) != len(specs):
-        raise InputMismatchError(f"the model takes {len(specs)} input(s) {names}; got {len(args)}")
-    arrays = []
-    for spec, value in zip(specs, args):
-        array = np.asarray(value)
-        shape, dtype = tuple(int(d) for d in spec["shape"]), str(spec["dtype"])
-        if array.shape != shape:
-            raise InputMismatchError(f"input {spec['name']!r} must have shape {list(shape)} (compiled for it); "
-                                     f"got {list(array.shape)}")
-        if array.dtype != np.dtype(dtype):
-            if not np.can_cast(array.dtype, dtype, casting="same_kind"):
-                raise InputMismatchError(f"input {spec['name']!r} must be {dtype}; got {array.dtype}")
-            array = array.astype(dtype)
-        arrays.append(np.ascontiguousarray(array))
-    return arrays
 
 
 class TaskRuntime:
