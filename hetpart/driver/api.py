@@ -57,9 +57,10 @@ def compile(model: ModelArg, **kwargs: Any):
     return _compile(model, **kwargs)
 
 
-def load(directory: str | Path):
-    """Load a compiled model directory (``hetpart compile -o DIR``) as a callable."""
+def load(directory: str | Path, mode: str = "sequential", **task_options: Any):
+    """Load a compiled model directory (``hetpart compile -o DIR``) as a callable: ``mode="sequential"`` (one VM)
+    or ``mode="tasks"`` (one worker thread per device; see :func:`hetpart.driver.runtime.load`)."""
     ensure_tvm_threads()
     from hetpart.driver.runtime import load as _load
 
-    return _load(directory)
+    return _load(directory, mode, **task_options)

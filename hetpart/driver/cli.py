@@ -151,6 +151,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         compiled = api.compile(args.model, devices=args.devices, method=args.method, pins=_parse_pins(args.pin),
                                plan=args.plan, input_shapes=args.input_shape, batch=args.batch, size=args.size,
                                cpu_predictor=args.cpu_predictor, output_dir=out_dir, overwrite=args.force,
+                               segments=args.segments,
                                progress=lambda msg: (progress.update(task, description=msg), log.info("%s", msg)))
     s = summary(compiled._report_data())
     console.print(f"[bold]{s['model']}[/bold]: {s['method']} plan, predicted {s['makespan_us']:,.0f} µs per inference")
@@ -183,47 +184,6 @@ def _partition_verdict(s: dict) -> str:
         return (f"  the plan keeps every kernel on {used[0]}: splitting this model does not pay on these devices "
                 "(copies would cost more than running branches side by side saves)")
     return f"  one device offered: every kernel runs on {used[0]}"
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    import json
-
-    import numpy as np
-
-    from hetpart.driver import api
-    from hetpart.driver.check import compare_outputs, load_input_file, onnxruntime_reference, sample_inputs
-    from hetpart.errors import InputMismatchError
-    from hetpart.graph import OpGraph
-
-    runtime = api.load(args.directory)
-    console = _console()
-    named = dict(load_input_file(item) for item in args.input)
-    if not named:
-        graph_path = Path(args.directory) / "graph.json"
-        graph = OpGraph.load(graph_path) if graph_path.exists() else None
-        named = sample_inputs(runtime.manifest.inputs, graph, seed=args.seed)
-        console.print(f"no --input given: running on random inputs (seed {args.seed}; integer inputs drawn from "
-                      "their valid range)")
-    outputs = runtime(**named)
-    console.print(repr(runtime), markup=False)
-    for k, out in enumerate(outputs):
-        console.print(f"output {k}: shape {list(out.shape)} {out.dtype}, mean {float(np.mean(out)):.6g}")
-    if args.save:
-        args.save.mkdir(parents=True, exist_ok=True)
-        for k, out in enumerate(outputs):
-            np.save(args.save / f"output{k}.npy", out)
-        console.print(f"wrote {len(outputs)} output(s) to {args.save}/output<k>.npy")
-    if args.check:
-        info = json.loads((Path(args.directory) / "compile.json").read_text())
-        if not info.get("onnx_path") or not Path(info["onnx_path"]).exists():
-            raise InputMismatchError("--check needs the imported ONNX model, which this directory does not "
-                                     "reference (a torch model, or the cache was cleared): recompile from the "
-                                     "ONNX file, or compare with --save")
-        result = compare_outputs(outputs, onnxruntime_reference(info["onnx_path"], named), rtol=args.rtol,
-                                 atol=args.atol)
-        console.print(f"check vs onnxruntime: {result.describe()}")
-        return 0 if result.ok else 1
-    return 0
 
 
 def cmd_zoo(args: argparse.Namespace) -> int:
@@ -272,7 +232,6 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hetpart.driver.check import DEFAULT_ATOL, DEFAULT_RTOL
     from hetpart.partition import DEFAULT_METHOD, METHODS
 
     parser = argparse.ArgumentParser(prog="hetpart", description=DESCRIPTION, epilog=EPILOG,
@@ -304,29 +263,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", type=Path, help="use this plan.json (e.g. an edited one) instead of planning")
     p.add_argument("--cpu-predictor", type=Path, help="CPU latency predictor JSON (default: the shipped one)")
     p.add_argument("-o", "--output", type=Path, help="output directory, new or empty (default hetpart-out/MODEL)")
+    p.add_argument("--segments", action="store_true", help="also build the plan's segments for the task runtime "
+                   "(hetpart run --mode tasks; GPU emulated only)")
     p.add_argument("--force", action="store_true", help="replace an earlier hetpart output in the output directory "
                    "(files hetpart did not write are never deleted)")
     p.set_defaults(func=cmd_compile)
 
-    p = sub.add_parser("run", help="run a compiled model directory")
-    p.add_argument("directory", type=Path, help="a directory written by `hetpart compile -o DIR`")
-    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                   help="an input array (repeatable); default: seeded random inputs in each input's valid range")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
-    p.add_argument("--check", action="store_true", help="compare the outputs with onnxruntime's; exit 1 if they "
-                   "differ by more than the tolerance")
-    p.add_argument("--rtol", type=float, default=DEFAULT_RTOL,
-                   help=f"relative tolerance of --check (default {DEFAULT_RTOL:g})")
-    p.add_argument("--atol", type=float, default=DEFAULT_ATOL,
-                   help=f"absolute tolerance of --check (default {DEFAULT_ATOL:g})")
-    p.add_argument("--save", type=Path, help="directory to write output<k>.npy into")
-    p.set_defaults(func=cmd_run)
-
     p = sub.add_parser("zoo", help="list the built-in models (random weights, built on first use)")
     p.set_defaults(func=cmd_zoo)
 
-    from hetpart.driver import cli_predictors, cli_tune  # profile / fit / evaluate; tune
+    from hetpart.driver import cli_predictors, cli_run, cli_tune  # profile / fit / evaluate; run; tune
 
+    cli_run.register(sub, _positive_int)
     cli_tune.register(sub, _add_model_args)
     cli_predictors.register(sub)
     return parser

@@ -91,6 +91,7 @@ class CompiledModel:
     why: list
     source: Mapping[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    segments: Any = None            # tvm_passes.segment_build.SegmentBuild for the task runtime (compile(segments=True))
     _runner: Any = None
 
     def _report_data(self):
@@ -131,6 +132,10 @@ class CompiledModel:
             (staging / "timeline.json").write_text(json.dumps(self.timeline.to_dict()))
             (staging / COMPILE_INFO).write_text(json.dumps({**self.source, "seconds": self.seconds}, indent=1))
             write_report(self._report_data(), staging)
+            if self.segments is not None:
+                from tvm_passes.segment_build import export_segments
+
+                export_segments(self.segments, staging)
 
         return write_directory(directory, write, overwrite=overwrite)
 
@@ -156,6 +161,18 @@ def _simulate_baselines(graph: OpGraph, costs: CostTable, config) -> dict[str, f
         except HetpartError as exc:  # e.g. all_gpu infeasible (unsupported ops / memory)
             log.info("baseline %s not available: %s", method, exc)
     return out
+
+
+def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, choice: DeviceChoice, emulate: bool,
+                    tuning_database: Path | None) -> Any:
+    """The op-level plan cut into segments (:func:`hetpart.segments.segment_plan`), each one function of one
+    executable for the task runtime."""
+    from hetpart.segments import segment_plan
+    from tvm_passes.segment_build import build_segments
+
+    gpus = [d.name for d in choice.devices.devices if d.kind == "gpu"]
+    return build_segments(mod, segment_plan(op_graph, op_plan), gpus, emulate_gpu=emulate,
+                          tuning_database=tuning_database)
 
 
 def _given_plan(plan: str | Path | Plan | None, devices: str | Sequence[str] | None) -> tuple[Plan | None, DeviceChoice]:
@@ -188,15 +205,16 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
             pins: Mapping[str, str] | None = None, plan: str | Path | Plan | None = None,
             input_shapes: Any = None, example_inputs: Sequence[Any] | None = None, batch: int | None = None,
             size: int | None = None, cpu_predictor: str | Path | None = None, emulate_gpu: bool | None = None,
-            output_dir: str | Path | None = None, overwrite: bool = False,
+            output_dir: str | Path | None = None, overwrite: bool = False, segments: bool = False,
             progress: Callable[[str], None] | None = None) -> CompiledModel:
     """Compile ``model`` (ONNX path, zoo name, or torch.nn.Module + ``example_inputs``) for a CPU+GPU machine.
 
     ``devices``: ``"cpu,gpu=<preset>"`` (default ``cpu,gpu``: the p2200 preset), or the devices ``plan`` was made
     for. ``method``: a partitioner of :data:`hetpart.partition.METHODS` (default ``DEFAULT_METHOD``). ``plan``: a
     plan.json (or Plan) to compile as it is instead of planning. ``output_dir``: write the executable, plans and
-    report there; it must be new or empty, or an earlier hetpart output with ``overwrite=True``. Every argument is
-    checked before the model is imported."""
+    report there; it must be new or empty, or an earlier hetpart output with ``overwrite=True``. ``segments=True``
+    also builds the plan's segments for the task runtime (``hetpart.load(dir, mode="tasks")``; GPU emulated only).
+    Every argument is checked before the model is imported."""
     from tvm_passes import sources
     from hetpart.driver.output_dir import check_writable
     from hetpart.partition import DEFAULT_METHOD, PartitionConfig, explain, get_method
@@ -264,6 +282,11 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     tuning = default_database_dir()
     built = build(annotated, choice.devices, emulate_gpu=emulate,
                   tuning_database=tuning if has_database(tuning) else None)
+    segment_build = None
+    if segments:
+        say("building the plan's segments for the task runtime")
+        segment_build = _build_segments(imported.mod, op_graph, op_plan, choice, emulate,
+                                        tuning if has_database(tuning) else None)
     lap("build")
     source = {"model": str(model) if isinstance(model, (str, Path)) else type(model).__name__,
               "name": imported.name, "source_kind": imported.source_kind, "source_hash": imported.source_hash,
@@ -273,7 +296,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
               "import_notes": list(imported.notes), "cost_notes": [cpu.cost_note()]}
     result = CompiledModel(name=imported.name, op_graph=op_graph, graph=graph, costs=costs, plan=chosen,
                            op_plan=op_plan, timeline=timeline, baselines_us=baselines, build=built, why=why,
-                           source=source, seconds=seconds)
+                           source=source, seconds=seconds, segments=segment_build)
     if output_dir is not None:
         say(f"writing {output_dir}")
         result.save(output_dir, overwrite=overwrite)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from hetpart.errors import BuildError, InputMismatchError, SchemaError
+from hetpart.errors import BuildError, SchemaError, UsageError
+from hetpart.driver.inputs import check_inputs
 from hetpart.threads import ensure_tvm_threads
 
 log = logging.getLogger(__name__)
@@ -82,33 +83,6 @@ class CompiledRuntime:
 
 
 
-def check_inputs(specs: Sequence[Mapping[str, Any]], args: Sequence[Any],
-                 named: Mapping[str, Any]) -> list[np.ndarray]:
-    """Model inputs as contiguous numpy arrays of the compiled shapes and dtypes, given positionally or by name
-    (a same-kind dtype is cast, e.g. float64 -> float32)."""
-    names = [str(s["name"]) for s in specs]
-    if args and named:
-        raise InputMismatchError("pass inputs either positionally or by name, not both")
-    if named:
-        unknown, missing = sorted(set(named) - set(names)), [n for n in names if n not in named]
-        if unknown or missing:
-            raise InputMismatchError(f"inputs must be exactly {names}; unknown {unknown}, missing {missing}")
-        args = [named[n] for n in names]
-    if len(args) != len(specs):
-        raise InputMismatchError(f"the model takes {len(specs)} input(s) {names}; got {len(args)}")
-    arrays = []
-    for spec, value in zip(specs, args):
-        array = np.asarray(value)
-        shape, dtype = tuple(int(d) for d in spec["shape"]), str(spec["dtype"])
-        if array.shape != shape:
-            raise InputMismatchError(f"input {spec['name']!r} must have shape {list(shape)} (compiled for it); "
-                                     f"got {list(array.shape)}. Recompile with --input-shape to change it")
-        if array.dtype != np.dtype(dtype):
-            if not np.can_cast(array.dtype, dtype, casting="same_kind"):
-                raise InputMismatchError(f"input {spec['name']!r} must be {dtype}; got {array.dtype}")
-            array = array.astype(dtype)
-        arrays.append(np.ascontiguousarray(array))
-    return arrays
 
 def _flatten(result: Any) -> list[Any]:
     if hasattr(result, "numpy"):
@@ -119,6 +93,24 @@ def _flatten(result: Any) -> list[Any]:
     return out
 
 
-def load(directory: str | Path) -> CompiledRuntime:
-    """Load a directory written by ``hetpart compile`` / ``CompiledModel.save``."""
-    return CompiledRuntime(directory)
+MODES = ("sequential", "tasks")
+
+
+def load(directory: str | Path, mode: str = "sequential", **task_options: Any) -> Any:
+    """Load a directory written by ``hetpart compile`` / ``CompiledModel.save``.
+
+    ``mode="sequential"``: one VM runs the whole heterogeneous executable (``model.so``) on the calling thread.
+    ``mode="tasks"``: the plan's segments (``segments.so``, written by ``hetpart compile --segments``) run on one
+    worker thread per device (:class:`hetpart.driver.task_runtime.TaskRuntime`; ``task_options`` go to it); close it
+    when done (it is a context manager)."""
+    if mode == "sequential":
+        return CompiledRuntime(directory)
+    if mode != "tasks":
+        raise UsageError(f"mode must be one of {list(MODES)}; found {mode!r}")
+    from hetpart.driver.task_runtime import TaskRuntime
+    from tvm_passes.segment_build import SEGMENTS_MANIFEST, load_segments
+
+    if not (Path(directory) / SEGMENTS_MANIFEST).exists():
+        raise UsageError(f"{directory} holds no segments for the task runtime; compile with --segments (Python: "
+                         "compile(..., segments=True)) or load it with mode='sequential'")
+    return TaskRuntime(load_segments(directory), **task_options)

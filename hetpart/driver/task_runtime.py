@@ -36,7 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, UsageError
-from hetpart.driver.runtime import check_inputs
+from hetpart.driver.inputs import check_inputs
 from hetpart.threads import ensure_tvm_threads
 
 log = logging.getLogger(__name__)
@@ -225,6 +225,11 @@ class TaskRuntime:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    @property
+    def emulated(self) -> bool:
+        """True when GPU segments run on an emulated CPU device."""
+        return bool(self.build.emulated)
 
     def __repr__(self) -> str:
         devices = ", ".join(f"{w.device}={w.runtime_device}" for w in self._workers.values())

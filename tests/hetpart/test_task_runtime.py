@@ -207,3 +207,42 @@ def test_segment_build_round_trips_through_one_library(compiled, runtime, tmp_pa
     (x,) = _inputs(1, seed=4)
     with TaskRuntime(loaded) as rt:
         assert np.array_equal(rt(x)[0], runtime(x)[0])
+
+
+def test_a_compile_with_segments_runs_in_tasks_mode_from_its_directory(tmp_path):
+    """compile(segments=True) writes segments.so; hetpart.load(dir, mode="tasks") runs them on worker threads with the
+    same outputs as the sequential executable; the CLI prints throughput for --requests."""
+    import subprocess
+    import sys
+
+    import hetpart
+    from hetpart.errors import UsageError
+
+    out = tmp_path / "sq"
+    hetpart.compile("squeezenet1_1", size=64, devices="cpu,gpu=t4", method="all_gpu",
+                    pins={"op:relax.nn.max_pool2d": "cpu"}, segments=True, output_dir=out)
+    x = np.random.default_rng(5).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    expected = hetpart.load(out)(x)
+    with hetpart.load(out, mode="tasks") as tasks:
+        assert tasks.emulated
+        outputs, latency_us = tasks.run_many([[x]] * 4, max_in_flight=4)
+    for got in outputs:
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert len(latency_us) == 4 and all(v > 0 for v in latency_us)
+    with pytest.raises(UsageError, match="mode must be one of"):
+        hetpart.load(out, mode="parallel")
+    result = subprocess.run([sys.executable, "-m", "hetpart", "run", str(out), "--mode", "tasks", "--requests", "4"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "4 requests (tasks):" in result.stdout and "inferences/s" in result.stdout
+
+
+def test_tasks_mode_needs_a_compile_with_segments(tmp_path):
+    import hetpart
+    from hetpart.errors import UsageError
+
+    out = tmp_path / "plain"
+    hetpart.compile("squeezenet1_1", size=64, devices="cpu", output_dir=out)
+    with pytest.raises(UsageError, match="--segments"):
+        hetpart.load(out, mode="tasks")

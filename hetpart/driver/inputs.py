@@ -1,0 +1,37 @@
+"""Checking a compiled model's inputs: the one check both runtimes (sequential and tasks) use."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from hetpart.errors import InputMismatchError
+
+
+def check_inputs(specs: Sequence[Mapping[str, Any]], args: Sequence[Any],
+                 named: Mapping[str, Any]) -> list[np.ndarray]:
+    """Model inputs as contiguous numpy arrays of the compiled shapes and dtypes, given positionally or by name
+    (a same-kind dtype is cast, e.g. float64 -> float32)."""
+    names = [str(s["name"]) for s in specs]
+    if args and named:
+        raise InputMismatchError("pass inputs either positionally or by name, not both")
+    if named:
+        unknown, missing = sorted(set(named) - set(names)), [n for n in names if n not in named]
+        if unknown or missing:
+            raise InputMismatchError(f"inputs must be exactly {names}; unknown {unknown}, missing {missing}")
+        args = [named[n] for n in names]
+    if len(args) != len(specs):
+        raise InputMismatchError(f"the model takes {len(specs)} input(s) {names}; got {len(args)}")
+    arrays = []
+    for spec, value in zip(specs, args):
+        array = np.asarray(value)
+        shape, dtype = tuple(int(d) for d in spec["shape"]), str(spec["dtype"])
+        if array.shape != shape:
+            raise InputMismatchError(f"input {spec['name']!r} must have shape {list(shape)} (compiled for it); "
+                                     f"got {list(array.shape)}. Recompile with --input-shape to change it")
+        if array.dtype != np.dtype(dtype):
+            if not np.can_cast(array.dtype, dtype, casting="same_kind"):
+                raise InputMismatchError(f"input {spec['name']!r} must be {dtype}; got {array.dtype}")
+            array = array.astype(dtype)
+        arrays.append(np.ascontiguousarray(array))
+    return arrays
