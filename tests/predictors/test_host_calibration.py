@@ -15,10 +15,9 @@ from predictors.device_predictor import DevicePredictor
 from predictors.host_calibration import (CALIBRATION_SUITE, CalibrationKernel, HostCalibration, HostScaledPredictor,
                                          SuiteTiming, scale_by_suite, suite_cache_path, suite_speed_ratio)
 from predictors.host_load import SweepJudgement, judge_sweep
-from predictors.synthetic_spec import SyntheticSpec
 from tests.predictors.synthetic_kernels import random_kernels, synthetic_latency_us
 
-SMALL_SUITE = (SyntheticSpec.of("add_relu", n=1, c=16, hw=28), SyntheticSpec.of("matmul", m=8, k=64, n=64))
+from tests.predictors.calibration import SMALL_SUITE, private_cache  # noqa: F401 (autouse fixture)
 MEASURED_AT = "2025-01-02T03:04:05+00:00"
 
 
@@ -34,15 +33,6 @@ def fitted():
     # kernels of today's CPU rules: no stale-rules warning mixes with the ones these tests look for
     predictor.fit_info["training"] = {"canary_reference_us": 70.0, "pipeline_versions": [PIPELINE_VERSION]}
     return predictor, nodes
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """Every test keeps calibrations in its own directory and starts with none in the process."""
-    monkeypatch.setenv("HETPART_CACHE_DIR", str(tmp_path / "cache"))
-    host_calibration.forget_timings()
-    yield
-    host_calibration.forget_timings()
 
 
 def _calibration(predictor, nodes, factors):

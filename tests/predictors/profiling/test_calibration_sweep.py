@@ -11,18 +11,8 @@ from predictors import host_calibration
 from predictors.host_calibration import measure_suite, suite_cache_path, time_suite
 from predictors.profiling import calibration_sweep
 from predictors.profiling.calibration_sweep import time_fresh
-from predictors.synthetic_spec import SyntheticSpec
 
-SMALL_SUITE = (SyntheticSpec.of("add_relu", n=1, c=16, hw=28), SyntheticSpec.of("matmul", m=8, k=64, n=64))
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """Every test keeps calibrations in its own directory and starts with none in the process."""
-    monkeypatch.setenv("HETPART_CACHE_DIR", str(tmp_path / "cache"))
-    host_calibration.forget_timings()
-    yield
-    host_calibration.forget_timings()
+from tests.predictors.calibration import SMALL_SUITE, private_cache  # noqa: F401 (autouse fixture)
 
 
 @pytest.fixture(scope="module")
