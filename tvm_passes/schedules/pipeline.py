@@ -51,6 +51,16 @@ def _is_scheduled(func: tirx.PrimFunc) -> bool:
     return func.attrs is not None and SCHEDULED_ATTR in func.attrs and bool(func.attrs[SCHEDULED_ATTR])
 
 
+def _unscheduled_cpu_funcs(mod: tvm.ir.IRModule, target: Target):
+    """(global var, PrimFunc, its target) for every CPU PrimFunc of ``mod`` no schedule has been applied to."""
+    for gvar, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+            continue
+        is_cpu, func_target = _is_cpu_func(func, target)
+        if is_cpu:
+            yield gvar, func, func_target
+
+
 def cpu_schedule_pass(target: Target | str | dict, rules: list[CpuRule] | None = None) -> tvm.transform.Pass:
     """A module pass scheduling every unscheduled CPU PrimFunc with hetpart's CPU rules.
 
@@ -65,12 +75,7 @@ def cpu_schedule_pass(target: Target | str | dict, rules: list[CpuRule] | None =
     @tvm.transform.module_pass(opt_level=0, name="HetpartCpuSchedule")
     def _pass(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         updates = {}
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
-                continue
-            is_cpu, func_target = _is_cpu_func(func, target)
-            if not is_cpu:
-                continue
+        for gvar, func, func_target in _unscheduled_cpu_funcs(mod, target):
             scheduled = apply_first_rule(func, func_target, active_rules)
             if scheduled is None:
                 logger.debug("no CPU rule applies to %s; left unscheduled", gvar.name_hint)
@@ -111,12 +116,7 @@ def apply_database_pass(database, target: Target, database_dir: Path | str) -> t
     @tvm.transform.module_pass(opt_level=0, name="HetpartApplyTuningDatabase")
     def _apply(mod: tvm.ir.IRModule, _ctx: tvm.transform.PassContext) -> tvm.ir.IRModule:
         updates, failures = {}, []
-        for gvar, func in mod.functions_items():
-            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
-                continue
-            is_cpu, func_target = _is_cpu_func(func, target)
-            if not is_cpu:
-                continue
+        for gvar, func, func_target in _unscheduled_cpu_funcs(mod, target):
             try:
                 scheduled = _scheduled_from_database(database, func, func_target)
             except Exception as exc:  # noqa: BLE001 (a record's trace may fail in many TVM-specific ways)
