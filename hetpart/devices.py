@@ -29,15 +29,25 @@ class DeviceSpec:
     source: str = "measured"           # "measured" or "datasheet"
     citation: str = ""
     emulated: bool = False             # GPU vdevice mapped to a second CPU device (no CUDA here)
+    cores: tuple[int, ...] = ()        # a CPU device's cores (its worker's threads are pinned there); () = any
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "target", dict(self.target))
+        object.__setattr__(self, "cores", tuple(int(c) for c in self.cores))
+
+    @property
+    def threads(self) -> int | None:
+        """The TVM thread count of a CPU device restricted to ``cores`` (None: the deployment's count)."""
+        return len(self.cores) or None
 
     def validate(self) -> "DeviceSpec":
         if self.kind not in ("cpu", "gpu"):
             raise InvalidPlanError(f"device {self.name!r}: kind must be 'cpu' or 'gpu'; found {self.kind!r}")
         if self.memory_bytes <= 0:
             raise InvalidPlanError(f"device {self.name!r}: memory_bytes must be > 0; found {self.memory_bytes}")
+        if self.cores and (self.kind != "cpu" or len(set(self.cores)) != len(self.cores) or min(self.cores) < 0):
+            raise InvalidPlanError(f"device {self.name!r}: cores must be distinct core ids >= 0 of a CPU device; "
+                                   f"found {list(self.cores)} on a {self.kind}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -45,7 +55,7 @@ class DeviceSpec:
                 "memory_bytes": self.memory_bytes, "peak_flops_per_s": self.peak_flops_per_s,
                 "memory_bandwidth_bytes_per_s": self.memory_bandwidth_bytes_per_s,
                 "launch_overhead_us": self.launch_overhead_us, "source": self.source,
-                "citation": self.citation, "emulated": self.emulated}
+                "citation": self.citation, "emulated": self.emulated, "cores": list(self.cores)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "DeviceSpec":
@@ -121,10 +131,12 @@ GPU_PRESETS: dict[str, GpuPreset] = {p.name: p for p in (
 DEFAULT_GPU_PRESET = "p2200"
 
 
-def cpu_device(memory_bytes: int = 16 * GIB, target: Mapping[str, Any] | None = None) -> DeviceSpec:
-    """The host CPU; its costs are measured (or predicted from measurements) with TVM."""
-    return DeviceSpec(name="cpu", kind="cpu", target=dict(target or {"kind": "llvm"}),
-                      memory_bytes=memory_bytes, source="measured")
+def cpu_device(memory_bytes: int = 16 * GIB, target: Mapping[str, Any] | None = None, *, name: str = "cpu",
+               cores: tuple[int, ...] = ()) -> DeviceSpec:
+    """A CPU device (the host, or a group of its ``cores``); its costs are measured (or predicted from
+    measurements) with TVM."""
+    return DeviceSpec(name=name, kind="cpu", target=dict(target or {"kind": "llvm"}),
+                      memory_bytes=memory_bytes, source="measured", cores=tuple(cores))
 
 
 def gpu_from_preset(preset: str, name: str = "gpu") -> DeviceSpec:

@@ -73,6 +73,7 @@ import numpy as np
 from hetpart.errors import ExtrapolationWarning, HetpartError, PredictorError
 from hetpart.graph import OpNode
 from hetpart.paths import cache_root
+from tvm_passes.thread_pool import restricted_pool
 from predictors.host_load import SweepJudgement
 from predictors.synthetic_spec import SyntheticSpec
 
@@ -235,13 +236,15 @@ def time_suite(host_cpu: str, num_threads: int, specs: tuple[SyntheticSpec, ...]
     if time_fresh is None:
         raise PredictorError(f"this {host_cpu} host has no clean cached calibration ({path}) and no sweep was given "
                              "to time the suite (time_fresh=predictors.profiling.calibration_sweep.time_fresh)")
-    if _pool_threads() != num_threads:
-        raise PredictorError(f"the calibration suite must be timed with the deployment's {num_threads} TVM "
-                             f"thread(s); TVM's pool runs {_pool_threads()}. Set TVM_NUM_THREADS={num_threads} "
-                             "before TVM starts (the hetpart CLI and API do).")
-    logger.info("timing %d calibration kernels on this %s with %d thread(s) (kept in %s if the host stays quiet)",
-                len(specs), host_cpu, num_threads, path)
-    timing = time_fresh(num_threads, tuple(specs))
+    restrict = num_threads if num_threads < _pool_threads() else None    # a CPU device on fewer cores
+    with restricted_pool(restrict):
+        if _pool_threads() != num_threads:
+            raise PredictorError(f"the calibration suite must be timed with {num_threads} TVM thread(s); TVM's "
+                                 f"pool runs {_pool_threads()}. Set TVM_NUM_THREADS={num_threads} before TVM "
+                                 "starts (the hetpart CLI and API do).")
+        logger.info("timing %d calibration kernels on this %s with %d thread(s) (kept in %s if the host stays "
+                    "quiet)", len(specs), host_cpu, num_threads, path)
+        timing = time_fresh(num_threads, tuple(specs))
     if not timing.clean:
         logger.info("host calibration timed on a busy host, not kept: %s", "; ".join(timing.judgement.reasons))
         _BUSY_TIMINGS[key] = (time.monotonic(), timing)

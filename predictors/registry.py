@@ -142,8 +142,10 @@ class HostCpuPredictor:
 
 
 def load_host_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bool = True,
-                            time_fresh: FreshTiming | None = None) -> HostCpuPredictor:
-    """:func:`load_cpu_predictor`, with the file it read and the host calibration (for :func:`cpu_cost_note`)."""
+                            time_fresh: FreshTiming | None = None, threads: int | None = None) -> HostCpuPredictor:
+    """:func:`load_cpu_predictor`, with the file it read and the host calibration (for :func:`cpu_cost_note`).
+    ``threads``: the TVM thread count the costs are for (a CPU device on some of the cores); default the
+    deployment's."""
     from predictors.device_predictor import DevicePredictor
 
     path = resolve_cpu_predictor_path(path)
@@ -152,7 +154,7 @@ def load_host_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bo
                              "--budget-minutes 60` and `hetpart fit`, or pass --cpu-predictor FILE")
     predictor = DevicePredictor.load(path)
     fitted_on, host = str(predictor.target.get("mcpu", "")), host_cpu_name()
-    threads = deployment_threads()
+    threads = threads or deployment_threads()
     foreign_cpu = bool(fitted_on) and fitted_on != host
     foreign_threads = bool(predictor.num_threads) and predictor.num_threads != threads
     result, calibration = predictor, None

@@ -99,6 +99,8 @@ class SegmentBuild:
     emulated: bool
     build_time_s: float = 0.0
     stats: dict[str, Any] = field(default_factory=dict)
+    # The plan's devices in DeviceSet order (the host first): name, kind and the cores of a CPU device (empty: any).
+    devices: tuple[dict[str, Any], ...] = ()
 
 
 class _SegmentEmitter:
@@ -267,10 +269,12 @@ def _input_specs(func: relax.Function) -> tuple[dict[str, Any], ...]:
 
 def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: Sequence[str] = ("gpu",), *,
                    emulate_gpu: bool = True, cpu_target: Any = None,
-                   tuning_database: str | Path | None = None) -> SegmentBuild:
+                   tuning_database: str | Path | None = None,
+                   devices: Sequence[dict[str, Any]] = ()) -> SegmentBuild:
     """Emit the segment functions of ``mod["main"]`` and compile them into one executable for the host CPU target
     with hetpart's CPU pipeline (``tvm_passes.schedules.cpu_pipeline``). Segments on ``gpu_devices`` run on an
-    emulated second CPU device; ``emulate_gpu=False`` with a GPU segment raises BuildError (not built yet)."""
+    emulated second CPU device; ``emulate_gpu=False`` with a GPU segment raises BuildError (not built yet).
+    ``devices`` (name, kind and cores per device, the host first) is recorded for the task runtime."""
     from tvm.target import Target
 
     from tvm_passes.schedules.pipeline import cpu_pipeline, default_cpu_target
@@ -292,7 +296,9 @@ def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: S
     seconds = round(time.perf_counter() - start, 3)
     logger.info("built %d segment functions in %.2f s", len(program.functions), seconds)
     return SegmentBuild(executable, program, _input_specs(mod["main"]), emulated=on_gpu, build_time_s=seconds,
-                        stats={"segments": len(program.functions)})
+                        stats={"segments": len(program.functions)},
+                        devices=tuple({"name": str(d["name"]), "kind": str(d["kind"]),
+                                       "cores": [int(c) for c in d.get("cores", ())]} for d in devices))
 
 
 def export_segments(build: SegmentBuild, out_dir: str | Path) -> Path:
@@ -306,7 +312,8 @@ def export_segments(build: SegmentBuild, out_dir: str | Path) -> Path:
         raise BuildError(f"export_library to {out / SEGMENTS_LIBRARY} failed: {type(exc).__name__}: {exc}") from exc
     (out / SEGMENTS_MANIFEST).write_text(json.dumps({"program": build.program.to_dict(),
                                                      "inputs": list(build.input_specs), "emulated": build.emulated,
-                                                     "build_time_s": build.build_time_s}, indent=1))
+                                                     "build_time_s": build.build_time_s,
+                                                     "devices": list(build.devices)}, indent=1))
     return out
 
 
@@ -326,4 +333,5 @@ def load_segments(directory: str | Path) -> SegmentBuild:
     except Exception as exc:  # TVM raises its own error types
         raise BuildError(f"cannot load {path / SEGMENTS_LIBRARY}: {exc}") from exc
     return SegmentBuild(executable, SegmentProgram.from_dict(data["program"]), tuple(data["inputs"]),
-                        emulated=bool(data["emulated"]), build_time_s=float(data.get("build_time_s", 0.0)))
+                        emulated=bool(data["emulated"]), build_time_s=float(data.get("build_time_s", 0.0)),
+                       devices=tuple(data.get("devices", ())))

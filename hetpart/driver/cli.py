@@ -254,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compile", help="plan a model across CPU and GPU and build one executable + report")
     _add_model_args(p)
     p.add_argument("--devices", default=None, help="cpu,gpu=<preset> (presets: p2200, t4, a100, rtx3090, "
-                   "jetson-orin; gpu alone means p2200) or cpu; default: the devices of --plan, else cpu,gpu")
+                   "jetson-orin; gpu alone means p2200), cpu, or CPU devices on their own cores: cpu:0,cpu:1 "
+                   "(cpu:N-M for a core range); default: the devices of --plan, else cpu,gpu")
     p.add_argument("--method", default=DEFAULT_METHOD, choices=sorted(METHODS), metavar="METHOD",
                    help=f"partitioner: {', '.join(sorted(METHODS))} (default {DEFAULT_METHOD}; milp and "
                    "exhaustive are exact and only for small graphs)")

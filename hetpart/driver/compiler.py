@@ -17,48 +17,14 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from hetpart.costs import CostTable
-from hetpart.devices import (DEFAULT_GPU_PRESET, DeviceSet, cpu_device, gpu_from_preset, preset_links)
-from hetpart.errors import DegeneratePlanWarning, InvalidPlanError, UnknownDeviceError
+from hetpart.driver.device_choice import DEFAULT_DEVICES, DeviceChoice, parse_devices
+from hetpart.errors import DegeneratePlanWarning, InvalidPlanError
 from hetpart.graph import OpGraph
 from hetpart.plan import Plan, Timeline
 
 log = logging.getLogger(__name__)
 
 COMPILE_INFO = "compile.json"
-DEFAULT_DEVICES = "cpu,gpu"
-
-
-@dataclass(frozen=True)
-class DeviceChoice:
-    devices: DeviceSet
-    gpu_preset: str | None          # analytic preset for the GPU's costs (None: no GPU offered)
-
-    @property
-    def spec(self) -> str:
-        """The canonical ``--devices`` string (``cpu`` or ``cpu,gpu=<preset>``), recorded in every plan."""
-        return "cpu" if self.gpu_preset is None else f"cpu,gpu={self.gpu_preset}"
-
-
-def parse_devices(spec: str | Sequence[str]) -> DeviceChoice:
-    """``"cpu,gpu=t4"`` / ``"cpu,gpu"`` (default preset) / ``"cpu"`` -> devices + links (datasheet)."""
-    items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    if not items or items[0] != "cpu":
-        raise UnknownDeviceError(f"--devices must start with the host cpu, e.g. cpu,gpu=p2200; found {spec!r}")
-    devices = [cpu_device()]
-    links: list = []
-    preset = None
-    for item in items[1:]:
-        name, _, value = item.partition("=")
-        if name != "gpu" or preset is not None:
-            raise UnknownDeviceError(f"unknown device {item!r} in {spec!r}: hetpart plans for one cpu and at most "
-                                     "one gpu (gpu=<preset>, e.g. gpu=t4)")
-        preset = (value or DEFAULT_GPU_PRESET).lower()
-        if preset == "cuda":
-            raise UnknownDeviceError("gpu=cuda needs a measured GPU predictor, which only a machine with CUDA can "
-                                     "produce (`hetpart profile --device gpu`); use a datasheet preset such as gpu=t4")
-        devices.append(gpu_from_preset(preset))
-        links.extend(preset_links(preset))
-    return DeviceChoice(DeviceSet(tuple(devices), tuple(links)).validate(), preset)
 
 
 def expand_plan(plan: Plan, kernels: OpGraph, ops: OpGraph) -> Plan:
@@ -92,6 +58,7 @@ class CompiledModel:
     source: Mapping[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     segments: Any = None            # tvm_passes.segment_build.SegmentBuild for the task runtime (compile(segments=True))
+    task_runtime: dict[str, Any] | None = None   # its predicted figures (report_fidelity.predict_task_runtime)
     _runner: Any = None
 
     def _report_data(self):
@@ -104,7 +71,8 @@ class CompiledModel:
                           cost_notes=tuple(self.source.get("cost_notes", ())),
                           weight_uploads=self.build.stats.get("weight_uploads"),
                           weight_upload_bytes=self.build.stats.get("weight_upload_bytes"),
-                          program_copies_per_call=self.build.stats.get("copies_per_call"))
+                          program_copies_per_call=self.build.stats.get("copies_per_call"),
+                          task_runtime=self.task_runtime)
 
     def report(self) -> str:
         """The markdown report (images are referenced by file name, written by :meth:`save`)."""
@@ -130,7 +98,8 @@ class CompiledModel:
             self.costs.save(staging / "costs.json")
             self.op_graph.save(staging / "graph.json")
             (staging / "timeline.json").write_text(json.dumps(self.timeline.to_dict()))
-            (staging / COMPILE_INFO).write_text(json.dumps({**self.source, "seconds": self.seconds}, indent=1))
+            (staging / COMPILE_INFO).write_text(json.dumps({**self.source, "seconds": self.seconds,
+                                                            "task_runtime": self.task_runtime}, indent=1))
             write_report(self._report_data(), staging)
             if self.segments is not None:
                 from tvm_passes.segment_build import export_segments
@@ -171,8 +140,19 @@ def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, choice: DeviceCh
     from tvm_passes.segment_build import build_segments
 
     gpus = [d.name for d in choice.devices.devices if d.kind == "gpu"]
+    devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in choice.devices.devices]
     return build_segments(mod, segment_plan(op_graph, op_plan), gpus, emulate_gpu=emulate,
-                          tuning_database=tuning_database)
+                          tuning_database=tuning_database, devices=devices)
+
+
+def _predict_task_runtime(graph: OpGraph, costs: CostTable, plan: Plan, choice: DeviceChoice,
+                          segments: int) -> dict[str, Any]:
+    """The task runtime's predicted figures, with its overhead per segment measured here now."""
+    from hetpart.driver.report_fidelity import device_dicts, predict_task_runtime
+    from hetpart.driver.runtime_overhead import measure_dispatch_overhead
+
+    overhead = measure_dispatch_overhead(device_dicts(choice.devices))
+    return predict_task_runtime(graph, costs, plan, overhead, segments)
 
 
 def _given_plan(plan: str | Path | Plan | None, devices: str | Sequence[str] | None) -> tuple[Plan | None, DeviceChoice]:
@@ -252,8 +232,14 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     graph = op_graph.kernel_graph()
     lap("analyze")
     say(f"predicting latencies of {graph.num_ops} kernels on {', '.join(choice.devices.names)}")
-    cpu = load_host_cpu_predictor(cpu_predictor, time_fresh=_time_calibration_suite)
-    predictors: dict[str, Any] = {"cpu": cpu.predictor}
+    predictors: dict[str, Any] = {}
+    cost_notes = []
+    for device in choice.cpu_devices:
+        at_threads = load_host_cpu_predictor(cpu_predictor, time_fresh=_time_calibration_suite,
+                                             threads=device.threads)
+        predictors[device.name] = at_threads.predictor
+        note = at_threads.cost_note()
+        cost_notes.append(note if len(choice.cpu_devices) == 1 else f"{device.name}: {note}")
     if choice.gpu_preset is not None:
         predictors["gpu"] = AnalyticGpuModel(choice.gpu_preset)
     costs = build_cost_table(graph, predictors, choice.devices)
@@ -277,26 +263,30 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     lap("plan")
     op_plan = expand_plan(chosen, graph, op_graph)
     emulate = (not cuda_available()) if emulate_gpu is None else emulate_gpu
-    say("compiling" + (" (GPU emulated on a second CPU device: no CUDA here)" if emulate and len(choice.devices.names) > 1 else ""))
+    say("compiling" + (" (GPU emulated on a second CPU device: no CUDA here)" if emulate and choice.gpu_preset is not None else ""))
     annotated = annotate_module(imported.mod, op_plan, choice.devices)
     tuning = default_database_dir()
     built = build(annotated, choice.devices, emulate_gpu=emulate,
                   tuning_database=tuning if has_database(tuning) else None)
-    segment_build = None
+    segment_build = task_runtime = None
     if segments:
         say("building the plan's segments for the task runtime")
         segment_build = _build_segments(imported.mod, op_graph, op_plan, choice, emulate,
                                         tuning if has_database(tuning) else None)
     lap("build")
+    if segment_build is not None and len(choice.devices.names) > 1:
+        say("measuring the task runtime's overhead per segment")
+        task_runtime = _predict_task_runtime(graph, costs, chosen, choice, len(segment_build.program.functions))
+        lap("runtime model")
     source = {"model": str(model) if isinstance(model, (str, Path)) else type(model).__name__,
               "name": imported.name, "source_kind": imported.source_kind, "source_hash": imported.source_hash,
               "onnx_path": str(imported.onnx_path) if imported.onnx_path else None,
               "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in imported.inputs],
               "devices": choice.devices.to_dict(), "method": chosen.method, "emulated": built.manifest.emulated,
-              "import_notes": list(imported.notes), "cost_notes": [cpu.cost_note()]}
+              "import_notes": list(imported.notes), "cost_notes": cost_notes}
     result = CompiledModel(name=imported.name, op_graph=op_graph, graph=graph, costs=costs, plan=chosen,
                            op_plan=op_plan, timeline=timeline, baselines_us=baselines, build=built, why=why,
-                           source=source, seconds=seconds, segments=segment_build)
+                           source=source, seconds=seconds, segments=segment_build, task_runtime=task_runtime)
     if output_dir is not None:
         say(f"writing {output_dir}")
         result.save(output_dir, overwrite=overwrite)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from hetpart.driver.report_data import ReportData
+from hetpart.driver.report_fidelity import task_runtime_section
 from hetpart.driver.report_plots import COPY_COLOUR, DEVICE_COLOURS, gantt_png, graph_png
 
 log = logging.getLogger(__name__)
@@ -228,6 +229,7 @@ def markdown(data: ReportData, images: Mapping[str, str], kernels_csv: str | Non
                       [[d, r["kernels"], r["ops"], f"{r['flops_share']:.1%}", _us(r["busy_us"]),
                         _mb(r["peak_memory_bytes"])] for d, r in s["per_device"].items()], "lrrrrr")
     lines += [""] + _copies_section(data, c)
+    lines += task_runtime_section(data.costs.devices, data.task_runtime)
     notes = [("Cost estimates", list(data.cost_notes)), ("Model import", list(data.import_notes)),
              ("Plan", list(data.plan.notes)), ("Build", _build_notes(data.build))]
     if any(items for _, items in notes):

@@ -25,3 +25,4 @@ class ReportData:
     weight_uploads: int | None = None    # weight tensors the build copies to non-host devices once, at load
     weight_upload_bytes: int | None = None
     program_copies_per_call: int | None = None   # tensor copies left in the compiled main (run every inference)
+    task_runtime: Mapping[str, Any] | None = None   # predicted task-runtime figures (compile --segments)

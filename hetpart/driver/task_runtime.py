@@ -17,7 +17,9 @@ What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model
 - a free worker takes its ready segment with the lowest (request index, segment id);
 - an exception in a segment (or a bad input) fails only that request's future; the runtime keeps serving;
 - ``threads_per_device`` gives each worker its own TVM pool size (``runtime.config_threadpool`` in that thread;
-  it cannot exceed ``TVM_NUM_THREADS``).
+  it cannot exceed ``TVM_NUM_THREADS``); a CPU device with cores (``--devices cpu:0,cpu:1``) gets one thread per
+  core, pinned to them;
+- ``trace=True`` records every segment run (request, segment, device, start and end time) in ``self.trace``.
 
 Copies are made by the destination worker right before the segment runs (not when the producer ends, as the
 model assumes); on two CPU devices that is a memcpy on the consumer's thread.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -38,6 +41,7 @@ import numpy as np
 from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, UsageError
 from hetpart.driver.inputs import check_inputs
 from hetpart.threads import ensure_tvm_threads
+from tvm_passes.thread_pool import configure_pool
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ class _Worker:
     device: str
     runtime_device: Any
     threads: int | None
+    cores: tuple[int, ...]                                        # the worker's pool is pinned there (empty: any)
+    affinity: tuple[int, ...] = ()                                # the cores its thread may run on, once started
     heap: list[tuple[int, int]] = field(default_factory=list)     # (request index, segment id)
     thread: threading.Thread | None = None
     ready: threading.Event = field(default_factory=threading.Event)
@@ -82,23 +88,29 @@ def _flatten(value: Any) -> list[Any]:
 class TaskRuntime:
     """Runs a :class:`tvm_passes.segment_build.SegmentBuild` with one worker thread per device."""
 
-    def __init__(self, build: Any, *, runtime_devices: Mapping[str, Any] | None = None, host: str = "cpu",
-                 threads_per_device: Mapping[str, int] | None = None, start_timeout_s: float = 120.0):
+    def __init__(self, build: Any, *, runtime_devices: Mapping[str, Any] | None = None, host: str | None = None,
+                 threads_per_device: Mapping[str, int] | None = None, start_timeout_s: float = 120.0,
+                 trace: bool = False):
         ensure_tvm_threads()
         import tvm
 
         self._tvm = tvm
         self.build = build
         self.program = build.program
-        self.host = host
+        recorded = list(getattr(build, "devices", ()) or ())
+        self.host = host or (recorded[0]["name"] if recorded else "cpu")
         functions = self.program.functions
-        names = list(dict.fromkeys([host] + [f.device for f in functions]))
-        if runtime_devices is None:          # the host on cpu(0); every other device emulated on cpu(1), cpu(2)...
+        names = list(dict.fromkeys([self.host] + [d["name"] for d in recorded] + [f.device for f in functions]))
+        if runtime_devices is None:          # the host on cpu(0); every other device on cpu(1), cpu(2)... (GPU emulated)
             runtime_devices = {name: tvm.cpu(k) for k, name in enumerate(names)}
         unknown = [n for n in names if n not in runtime_devices]
         if unknown:
             raise InvalidPlanError(f"segments run on devices {unknown} that runtime_devices does not map")
-        threads = dict(threads_per_device or {})
+        cores = {str(d["name"]): tuple(int(c) for c in d.get("cores", ())) for d in recorded}
+        threads = {name: len(c) for name, c in cores.items() if c}
+        threads.update(threads_per_device or {})
+        # (request, segment, device, start_s, end_s) per segment run, time.perf_counter() seconds, when tracing
+        self.trace: list[tuple[int, int, str, float, float]] | None = [] if trace else None
         self._producers = [sorted({self.program.segment_of[op] for op in f.op_params}) for f in functions]
         self._consumers: list[list[int]] = [[] for _ in functions]
         for k, producers in enumerate(self._producers):
@@ -113,7 +125,7 @@ class TaskRuntime:
         for name in names:
             if not any(f.device == name for f in functions) and name != host:
                 continue
-            worker = _Worker(name, runtime_devices[name], threads.get(name))
+            worker = _Worker(name, runtime_devices[name], threads.get(name), cores.get(name, ()))
             self._workers[name] = worker
             self._conds[name] = threading.Condition(self._lock)
             worker.thread = threading.Thread(target=self._loop, args=(worker,), daemon=True,
@@ -130,7 +142,8 @@ class TaskRuntime:
     # ------------------------------------------------------------------ construction helpers
     @classmethod
     def from_module(cls, mod: Any, graph: Any, plan: Any, *, gpu_devices: Sequence[str] = ("gpu",),
-                    tuning_database: Any = None, **kwargs: Any) -> "TaskRuntime":
+                    tuning_database: Any = None, devices: Sequence[Mapping[str, Any]] = (),
+                    **kwargs: Any) -> "TaskRuntime":
         """Segment the op-level ``plan`` of ``graph`` (the OpGraph of ``mod["main"]``), build and start."""
         from hetpart.segments import segment_plan
         from tvm_passes.segment_build import build_segments
@@ -139,7 +152,8 @@ class TaskRuntime:
             raise InvalidPlanError(f"the task runtime segments an op-level plan; found level={plan.level!r} "
                                    "(expand a kernel plan with hetpart.driver.compiler.expand_plan)")
         segmentation = segment_plan(graph, plan)
-        return cls(build_segments(mod, segmentation, gpu_devices, tuning_database=tuning_database), **kwargs)
+        return cls(build_segments(mod, segmentation, gpu_devices, tuning_database=tuning_database,
+                                  devices=devices), **kwargs)
 
     @classmethod
     def from_compiled(cls, compiled: Any, module: Any = None, **kwargs: Any) -> "TaskRuntime":
@@ -162,9 +176,16 @@ class TaskRuntime:
             raise InvalidPlanError(f"the module's op graph ({found}) is not the one compiled "
                                    f"({compiled.op_graph.structure_hash()}); pass the module it was compiled from")
         gpus = [d.name for d in compiled.costs.devices.devices if d.kind == "gpu"]
-        return cls.from_module(module, compiled.op_graph, compiled.op_plan, gpu_devices=gpus, **kwargs)
+        devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in compiled.costs.devices.devices]
+        return cls.from_module(module, compiled.op_graph, compiled.op_plan, gpu_devices=gpus, devices=devices,
+                               **kwargs)
 
     # ------------------------------------------------------------------ public API
+    @property
+    def worker_cores(self) -> dict[str, tuple[int, ...]]:
+        """The cores each device's worker thread may run on (as the OS reports them once it started)."""
+        return {name: w.affinity for name, w in self._workers.items()}
+
     @property
     def input_specs(self) -> tuple[Mapping[str, Any], ...]:
         return tuple(self.build.input_specs)
@@ -263,7 +284,9 @@ class TaskRuntime:
             from tvm import relax
 
             if worker.threads is not None:
-                self._tvm.get_global_func("runtime.config_threadpool")(1, int(worker.threads))
+                configure_pool(self._tvm.get_global_func("runtime.config_threadpool"), worker.threads, worker.cores)
+            if hasattr(os, "sched_getaffinity"):
+                worker.affinity = tuple(sorted(os.sched_getaffinity(0)))     # this thread's cores (Linux)
             vm = relax.VirtualMachine(self.build.executable, worker.runtime_device)
             calls = {f.segment: vm[f.name] for f in self.program.functions if f.device == worker.device}
         except BaseException as exc:  # noqa: BLE001 (reported by the constructor)
@@ -283,7 +306,10 @@ class TaskRuntime:
             if request is None or request.failed:
                 continue
             try:
+                started = time.perf_counter()
                 self._run_segment(request, segment, worker, calls[segment])
+                if self.trace is not None:
+                    self.trace.append((index, segment, worker.device, started, time.perf_counter()))
             except BaseException as exc:  # noqa: BLE001 (fails this request only)
                 self._fail(request, exc)
                 continue

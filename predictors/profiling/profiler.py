@@ -33,7 +33,7 @@ import tvm
 from tvm import relax
 
 from hetpart.errors import BuildError, PredictorError
-from hetpart.threads import deployment_threads
+from tvm_passes.thread_pool import pool_threads_wanted
 from predictors.profiling.store import Measurement
 from predictors.profiling.workloads import KernelWorkload, canary_workload, target_string
 from tvm_passes.outline import deployment_pipeline
@@ -128,7 +128,7 @@ class KernelProfiler:
         self.protocol, self.timer, self.seed = protocol, timer, seed
         self.session_id = session_id or uuid.uuid4().hex[:12]
         self.num_threads = num_threads()
-        wanted = deployment_threads()
+        wanted = pool_threads_wanted()
         if self.device == "cpu" and self.num_threads != wanted:
             logger.warning("TVM's thread pool runs %d thread(s) but hetpart deployments on this machine run %d: "
                            "these timings will not match compiled models. Set TVM_NUM_THREADS=%d before TVM starts "

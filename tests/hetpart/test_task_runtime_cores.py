@@ -1,0 +1,138 @@
+"""The task runtime on two CPU devices, each on its own core (``--devices cpu:0,cpu:1``): workers pinned to their
+cores, numerics against onnxruntime, and 100 random pinned plans (hypothesis) that neither deadlock nor change a
+result, with 1 and 8 requests in flight."""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import hetpart
+from hetpart.plan import Plan
+
+pytestmark = [pytest.mark.tvm,
+              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a process allowed on two cores")]
+
+CORES = sorted(os.sched_getaffinity(0))[:2]
+SPEC = f"cpu:{CORES[0]},cpu:{CORES[1]}"
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return hetpart.compile("squeezenet1_1", size=64, devices=SPEC, method="heft", segments=True)
+
+
+def test_two_cpu_devices_compile_and_run_pinned(compiled):
+    from hetpart.driver.task_runtime import TaskRuntime
+
+    assert compiled.costs.device_names == ("cpu0", "cpu1")
+    assert compiled.plan.device_spec == SPEC and set(compiled.plan.device_of) == {"cpu0", "cpu1"}
+    x = np.random.default_rng(1).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    session = ort.InferenceSession(compiled.source["onnx_path"], providers=["CPUExecutionProvider"])
+    (reference,) = session.run(None, {session.get_inputs()[0].name: x})
+    np.testing.assert_allclose(compiled(x)[0], reference, rtol=1e-4, atol=1e-4)       # one VM, two devices
+    with TaskRuntime(compiled.segments, trace=True) as rt:
+        assert rt.worker_cores == {"cpu0": (CORES[0],), "cpu1": (CORES[1],)}
+        assert not rt.emulated and "EMULATED" not in repr(rt)
+        for in_flight in (1, 8):
+            outputs, _ = rt.run_many([[x]] * 8, max_in_flight=in_flight)
+            for (ours,) in outputs:
+                np.testing.assert_allclose(ours, reference, rtol=1e-4, atol=1e-4)
+        runs = rt.trace
+    assert {device for _, _, device, _, _ in runs} == {"cpu0", "cpu1"}
+    predicted = compiled.task_runtime             # simulate_requests with the overhead measured at compile time
+    assert predicted["segments"] == len(compiled.segments.program.functions)
+    assert predicted["overhead_per_segment_us"] >= 0 and predicted["period_us"] > 0
+    assert predicted["one_request_us"] >= compiled.timeline.makespan_us * 0.999     # overhead only adds time
+    report = compiled.report()
+    assert "## Task runtime (many requests)" in report and re.search(r"[Ss]imulator(.s)? error", report)
+    assert len(runs) == 16 * len(compiled.segments.program.functions)
+    assert all(end >= start for *_, start, end in runs)
+
+
+# ------------------------------------------------------------------------------ random pinned plans
+def _module():
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+
+    def const(*shape):
+        return relax.const(rng.standard_normal(shape).astype("float32"))
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.matmul(x, const(16, 16)))
+            b = bb.emit(relax.op.nn.relu(a))
+            c = bb.emit(relax.op.sigmoid(a))
+            d = bb.emit(relax.op.matmul(b, const(16, 16)))
+            e = bb.emit(relax.op.add(c, d))
+            f = bb.emit(relax.op.tanh(b))
+            g = bb.emit(relax.op.multiply(e, f))
+            h = bb.emit(relax.op.concat([g, c, x], axis=1))
+            i = bb.emit(relax.op.sum(h, axis=[1], keepdims=True))
+            j = bb.emit(relax.op.add(relax.op.multiply(i, const(1, 1)), x))
+            out = bb.emit_output(relax.Tuple([h, j]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.fixture(scope="module")
+def small():
+    import tvm
+    from tvm import relax
+
+    from tvm_passes.extract import extract_op_graph
+
+    graph = extract_op_graph(_module(), with_kernels=False)
+    vm = relax.VirtualMachine(tvm.compile(_module(), target="llvm"), tvm.cpu(0))
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(8)]
+    expected = [[t.numpy() for t in vm["main"](tvm.runtime.tensor(x))] for x in xs]
+    return graph, xs, expected
+
+
+@st.composite
+def pinned_plans(draw, graph):
+    """A device per op and a random topological issue order."""
+    device_of = [draw(st.sampled_from(["cpu0", "cpu1"])) for _ in graph.nodes]
+    missing = [len(set(n.inputs)) for n in graph.nodes]
+    users: list[list[int]] = [[] for _ in graph.nodes]
+    for n in graph.nodes:
+        for p in set(n.inputs):
+            users[p].append(n.id)
+    ready, order = [i for i, m in enumerate(missing) if not m], []
+    while ready:
+        v = ready.pop(draw(st.integers(0, len(ready) - 1)))
+        order.append(v)
+        for w in users[v]:
+            missing[w] -= 1
+            if not missing[w]:
+                ready.append(w)
+    return Plan(device_of=device_of, order=order, devices=("cpu0", "cpu1"), method="random",
+                graph_hash=graph.structure_hash(), level="op").validate(graph)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_pinned_plans_neither_deadlock_nor_change_results(small, data):
+    from hetpart.driver.task_runtime import TaskRuntime
+
+    graph, xs, expected = small
+    plan = data.draw(pinned_plans(graph))
+    in_flight = data.draw(st.sampled_from([1, 8]))
+    devices = [{"name": "cpu0", "kind": "cpu", "cores": [CORES[0]]},
+               {"name": "cpu1", "kind": "cpu", "cores": [CORES[1]]}]
+    with TaskRuntime.from_module(_module(), graph, plan, devices=devices) as rt:
+        outputs, latency_us = rt.run_many([[x] for x in xs], max_in_flight=in_flight)
+    assert len(latency_us) == len(xs)
+    for ours, ref in zip(outputs, expected):
+        assert len(ours) == 2
+        for a, b in zip(ours, ref):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
