@@ -16,8 +16,8 @@ No function carries a vdevice: every function is a single-device program and the
 the GPU is emulated by a second CPU device (``tvm.cpu(1)``), so all segment functions compile for the same llvm
 target into ONE executable (one ``.so``); the CPU worker runs it on a VM created for ``cpu(0)``, the GPU worker on
 a VM created for ``cpu(1)`` (each VM loads the constants onto its own device, so the weights are held twice).
-A real CUDA GPU would need its segment functions compiled for CUDA into a second executable; that is not built
-(``build_segments`` raises BuildError for a non-emulated GPU segment).
+For a real CUDA GPU (``emulate_gpu=False``) the GPU segment functions are compiled for CUDA into a second
+executable (``segments_gpu.so``), which the GPU worker runs on ``tvm.cuda(0)`` on its own stream.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ __all__ = ["SegmentFunction", "SegmentProgram", "SegmentBuild", "emit_segment_fu
 logger = logging.getLogger(__name__)
 
 SEGMENTS_LIBRARY = "segments.so"
+SEGMENTS_GPU_LIBRARY = "segments_gpu.so"
 SEGMENTS_MANIFEST = "segments.json"
 
 
@@ -101,6 +102,7 @@ class SegmentBuild:
     stats: dict[str, Any] = field(default_factory=dict)
     # The plan's devices in DeviceSet order (the host first): name, kind and the cores of a CPU device (empty: any).
     devices: tuple[dict[str, Any], ...] = ()
+    gpu_executable: Any = None                  # the GPU segment functions compiled for CUDA (None: emulated/none)
 
 
 class _SegmentEmitter:
@@ -270,23 +272,30 @@ def _input_specs(func: relax.Function) -> tuple[dict[str, Any], ...]:
 def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: Sequence[str] = ("gpu",), *,
                    emulate_gpu: bool = True, cpu_target: Any = None,
                    tuning_database: str | Path | None = None,
-                   devices: Sequence[dict[str, Any]] = ()) -> SegmentBuild:
-    """Emit the segment functions of ``mod["main"]`` and compile them into one executable for the host CPU target
-    with hetpart's CPU pipeline (``tvm_passes.schedules.cpu_pipeline``). Segments on ``gpu_devices`` run on an
-    emulated second CPU device; ``emulate_gpu=False`` with a GPU segment raises BuildError (not built yet).
-    ``devices`` (name, kind and cores per device, the host first) is recorded for the task runtime."""
+                   devices: Sequence[dict[str, Any]] = (), gpu_target: Any = None) -> SegmentBuild:
+    """Emit the segment functions of ``mod["main"]`` and compile them: the CPU segments (and, with
+    ``emulate_gpu``, the GPU ones, run on a second CPU device) into one executable for the host CPU target with
+    hetpart's CPU pipeline (``tvm_passes.schedules.cpu_pipeline``); with ``emulate_gpu=False`` the segments on
+    ``gpu_devices`` into a second executable for ``gpu_target`` (e.g. ``{"kind": "cuda", "arch": "sm_75"}``) with
+    TVM's CUDA pipeline (DLight schedules). ``devices`` (name, kind and cores per device, the host first) is
+    recorded for the task runtime."""
     from tvm.target import Target
 
     from tvm_passes.schedules.pipeline import cpu_pipeline, default_cpu_target
 
     start = time.perf_counter()
     on_gpu = any(s.device in gpu_devices for s in segmentation.segments)
-    if on_gpu and not emulate_gpu:
-        raise BuildError("the task runtime builds GPU segments only emulated on a second CPU device; compiling "
-                         "them for CUDA (a second executable) is not implemented")
+    if on_gpu and not emulate_gpu and gpu_target is None:
+        raise BuildError("GPU segments compiled for the GPU need its target: pass gpu_target (e.g. "
+                         "{'kind': 'cuda', 'arch': 'sm_75'}), or emulate_gpu=True")
     seg_mod, program = emit_segment_functions(mod, segmentation)
     target = cpu_target if isinstance(cpu_target, Target) else (
         Target(dict(cpu_target)) if cpu_target is not None else default_cpu_target())
+    gpu_executable = None
+    if on_gpu and not emulate_gpu:
+        gpu_names = {f.name for f in program.functions if f.device in gpu_devices}
+        seg_mod, gpu_mod = _split_functions(seg_mod, gpu_names)
+        gpu_executable = _compile_gpu(gpu_mod, gpu_target, target)
     try:
         with native_output_to_log():
             executable = tvm.compile(seg_mod, target=target, relax_pipeline=cpu_pipeline(target, tuning_database))
@@ -295,10 +304,51 @@ def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: S
                          f"{str(exc).strip()[:2000]}") from exc
     seconds = round(time.perf_counter() - start, 3)
     logger.info("built %d segment functions in %.2f s", len(program.functions), seconds)
-    return SegmentBuild(executable, program, _input_specs(mod["main"]), emulated=on_gpu, build_time_s=seconds,
-                        stats={"segments": len(program.functions)},
+    return SegmentBuild(executable, program, _input_specs(mod["main"]), emulated=on_gpu and emulate_gpu,
+                        build_time_s=seconds, stats={"segments": len(program.functions)},
                         devices=tuple({"name": str(d["name"]), "kind": str(d["kind"]),
-                                       "cores": [int(c) for c in d.get("cores", ())]} for d in devices))
+                                       "cores": [int(c) for c in d.get("cores", ())]} for d in devices),
+                        gpu_executable=gpu_executable)
+
+
+def _split_functions(mod: tvm.IRModule, names: set[str]) -> tuple[tvm.IRModule, tvm.IRModule]:
+    """(the functions not in ``names``, the functions in ``names``) as two modules."""
+    rest = {gv: f for gv, f in mod.functions_items() if gv.name_hint not in names}
+    chosen = {gv: f for gv, f in mod.functions_items() if gv.name_hint in names}
+    return tvm.IRModule(rest), tvm.IRModule(chosen)
+
+
+def _compile_gpu(gpu_mod: tvm.IRModule, gpu_target: Any, host: Any) -> Any:
+    """The GPU segment functions compiled for ``gpu_target`` (TVM's CUDA pipeline: legalization, fusion, DLight),
+    checked to have become ``__global__`` kernels."""
+    from tvm.relax.backend.cuda.pipeline import get_default_pipeline
+    from tvm.target import Target
+
+    target = Target(dict(gpu_target), host=host)
+    try:
+        with native_output_to_log():
+            executable = tvm.compile(gpu_mod, target=target, relax_pipeline=get_default_pipeline(target))
+    except Exception as exc:  # TVM raises its own error types
+        raise BuildError(f"compiling the GPU segment functions for {dict(gpu_target)} failed: "
+                         f"{type(exc).__name__}: {str(exc).strip()[:2000]}") from exc
+    if "__global__" not in gpu_source(executable):
+        raise BuildError("the GPU segment functions produced no CUDA kernel (__global__); they would run as host "
+                         "code")
+    return executable
+
+
+def gpu_source(executable: Any) -> str:
+    """The CUDA source of an executable's imported modules ("" when there is none)."""
+    found, stack, seen = [], [executable.mod], set()
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if module.kind == "cuda":
+            found.append(module.inspect_source())
+        stack.extend(module.imports)
+    return "\n".join(found)
 
 
 def export_segments(build: SegmentBuild, out_dir: str | Path) -> Path:
@@ -310,10 +360,19 @@ def export_segments(build: SegmentBuild, out_dir: str | Path) -> Path:
             build.executable.export_library(str(out / SEGMENTS_LIBRARY))
     except Exception as exc:  # TVM raises its own error types
         raise BuildError(f"export_library to {out / SEGMENTS_LIBRARY} failed: {type(exc).__name__}: {exc}") from exc
+    if build.gpu_executable is not None:
+        try:
+            with native_output_to_log():
+                build.gpu_executable.export_library(str(out / SEGMENTS_GPU_LIBRARY))
+        except Exception as exc:  # TVM raises its own error types
+            raise BuildError(f"export_library to {out / SEGMENTS_GPU_LIBRARY} failed: {type(exc).__name__}: "
+                             f"{exc}") from exc
     (out / SEGMENTS_MANIFEST).write_text(json.dumps({"program": build.program.to_dict(),
                                                      "inputs": list(build.input_specs), "emulated": build.emulated,
                                                      "build_time_s": build.build_time_s,
-                                                     "devices": list(build.devices)}, indent=1))
+                                                     "devices": list(build.devices),
+                                                     "gpu_library": SEGMENTS_GPU_LIBRARY
+                                                     if build.gpu_executable is not None else None}, indent=1))
     return out
 
 
@@ -332,6 +391,13 @@ def load_segments(directory: str | Path) -> SegmentBuild:
             executable = tvm.runtime.load_module(str(path / SEGMENTS_LIBRARY))
     except Exception as exc:  # TVM raises its own error types
         raise BuildError(f"cannot load {path / SEGMENTS_LIBRARY}: {exc}") from exc
+    gpu_executable = None
+    if data.get("gpu_library"):
+        try:
+            with native_output_to_log():
+                gpu_executable = tvm.runtime.load_module(str(path / data["gpu_library"]))
+        except Exception as exc:  # TVM raises its own error types
+            raise BuildError(f"cannot load {path / data['gpu_library']} (its GPU segments need CUDA): {exc}") from exc
     return SegmentBuild(executable, SegmentProgram.from_dict(data["program"]), tuple(data["inputs"]),
                         emulated=bool(data["emulated"]), build_time_s=float(data.get("build_time_s", 0.0)),
-                       devices=tuple(data.get("devices", ())))
+                       devices=tuple(data.get("devices", ())), gpu_executable=gpu_executable)

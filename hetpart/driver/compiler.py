@@ -141,8 +141,9 @@ def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, choice: DeviceCh
 
     gpus = [d.name for d in choice.devices.devices if d.kind == "gpu"]
     devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in choice.devices.devices]
+    gpu_target = dict(choice.devices.device(gpus[0]).target) if gpus else None
     return build_segments(mod, segment_plan(op_graph, op_plan), gpus, emulate_gpu=emulate,
-                          tuning_database=tuning_database, devices=devices)
+                          tuning_database=tuning_database, devices=devices, gpu_target=gpu_target)
 
 
 def _predict_task_runtime(graph: OpGraph, costs: CostTable, plan: Plan, choice: DeviceChoice,

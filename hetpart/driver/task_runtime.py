@@ -8,9 +8,11 @@
 What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model.md):
 
 - the op-level plan is cut by ``hetpart.segments.segment_plan``; every segment is one Relax function of ONE
-  executable (``tvm_passes.segment_build``);
+  executable (``tvm_passes.segment_build``; GPU segments compiled for CUDA form a second one);
 - one worker thread per device owns its own ``relax.VirtualMachine`` (created in that thread: a VM must never be
-  called from two threads; the Executable is shared). Without CUDA the GPU is emulated by ``tvm.cpu(1)``;
+  called from two threads; the Executable is shared). Without CUDA the GPU is emulated by ``tvm.cpu(1)``; with
+  CUDA the GPU worker runs on its own stream and synchronises it at the end of every segment, so consumers on
+  other devices copy finished tensors (a host-side wait standing in for a CUDA event);
 - a segment becomes ready when every segment it reads has ended; the worker of its device copies each tensor
   produced on another device (and each model input, which arrives on the host) to its device with ``copyto``,
   once per (tensor, destination device) and request, then calls the segment function;
@@ -67,6 +69,7 @@ class _Worker:
     threads: int | None
     cores: tuple[int, ...]                                        # the worker's pool is pinned there (empty: any)
     affinity: tuple[int, ...] = ()                                # the cores its thread may run on, once started
+    stream: Any = None                                            # a CUDA worker's stream
     heap: list[tuple[int, int]] = field(default_factory=list)     # (request index, segment id)
     thread: threading.Thread | None = None
     ready: threading.Event = field(default_factory=threading.Event)
@@ -101,8 +104,14 @@ class TaskRuntime:
         self.host = host or (recorded[0]["name"] if recorded else "cpu")
         functions = self.program.functions
         names = list(dict.fromkeys([self.host] + [d["name"] for d in recorded] + [f.device for f in functions]))
-        if runtime_devices is None:          # the host on cpu(0); every other device on cpu(1), cpu(2)... (GPU emulated)
-            runtime_devices = {name: tvm.cpu(k) for k, name in enumerate(names)}
+        self._cuda_names = set()
+        if getattr(build, "gpu_executable", None) is not None:      # GPU segments compiled for CUDA
+            kinds = {d["name"]: d["kind"] for d in recorded}
+            self._cuda_names = {n for n in names if n != self.host and kinds.get(n, "gpu") == "gpu"}
+        if runtime_devices is None:   # CPUs on cpu(0), cpu(1)...; a GPU on cuda(k), or emulated on the next cpu(i)
+            cpu_names = [n for n in names if n not in self._cuda_names]
+            runtime_devices = {name: tvm.cpu(k) for k, name in enumerate(cpu_names)}
+            runtime_devices.update({name: tvm.cuda(k) for k, name in enumerate(sorted(self._cuda_names))})
         unknown = [n for n in names if n not in runtime_devices]
         if unknown:
             raise InvalidPlanError(f"segments run on devices {unknown} that runtime_devices does not map")
@@ -287,7 +296,12 @@ class TaskRuntime:
                 configure_pool(self._tvm.get_global_func("runtime.config_threadpool"), worker.threads, worker.cores)
             if hasattr(os, "sched_getaffinity"):
                 worker.affinity = tuple(sorted(os.sched_getaffinity(0)))     # this thread's cores (Linux)
-            vm = relax.VirtualMachine(self.build.executable, worker.runtime_device)
+            on_cuda = worker.device in self._cuda_names
+            if on_cuda:                   # its own stream; segments end with a sync of that stream
+                worker.stream = worker.runtime_device.create_raw_stream()
+                worker.runtime_device.set_raw_stream(worker.stream)
+            vm = relax.VirtualMachine(self.build.gpu_executable if on_cuda else self.build.executable,
+                                      worker.runtime_device)
             calls = {f.segment: vm[f.name] for f in self.program.functions if f.device == worker.device}
         except BaseException as exc:  # noqa: BLE001 (reported by the constructor)
             worker.error = exc
@@ -330,6 +344,8 @@ class TaskRuntime:
         args += [self._operand(request, op, request.values[op], self.program.functions[segment_of[op]].device,
                                worker) for op in fn.op_params]
         result = call(*args)
+        if worker.stream is not None:     # the outputs are ready for other workers' copies once the stream is done
+            worker.runtime_device.sync(worker.stream)
         for k, op in enumerate(fn.outputs):
             request.values[op] = result[k]
 
