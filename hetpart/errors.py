@@ -95,3 +95,23 @@ class OutputDirError(HetpartError, FileExistsError):
 
 class UsageError(HetpartError, ValueError):
     """A command-line or API argument is malformed or names an unknown choice."""
+
+
+class InvalidClusterError(HetpartError, ValueError):
+    """A training cluster spec is malformed, names an unknown device or link preset, or breaks an invariant."""
+
+
+class InvalidStagePlanError(InvalidPlanError):
+    """A training StagePlan does not fit its graph or cluster (ops missing or repeated, stages not contiguous, ...)."""
+
+
+class StageInfeasibleError(InfeasibleError):
+    """No split of the model into pipeline stages fits the devices (memory, unsupported ops, too few devices)."""
+
+
+class StateLimitError(StageInfeasibleError):
+    """The antichain DP would enumerate more ideals (states) than its configured limit."""
+
+
+class ScheduleError(HetpartError, ValueError):
+    """A pipeline schedule cannot be built or simulated for a StagePlan (shape, micro-batch count, deadlock)."""
