@@ -273,9 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("zoo", help="list the built-in models (random weights, built on first use)")
     p.set_defaults(func=cmd_zoo)
 
-    from hetpart.driver import cli_predictors, cli_run, cli_tune  # profile / fit / evaluate; run; tune
+    from hetpart.driver import cli_predictors, cli_run, cli_train, cli_tune  # profile / fit / evaluate; run; tune
 
     cli_run.register(sub, _positive_int)
+    cli_train.register(sub, _positive_int)   # train-plan / train-run / train-calibrate
     cli_tune.register(sub, _add_model_args)
     cli_predictors.register(sub)
     return parser
