@@ -12,6 +12,8 @@ import logging
 import os
 from dataclasses import dataclass
 
+import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -90,21 +92,110 @@ def summarize_blocks(sch: s_tir.Schedule) -> list[tuple[s_tir.schedule.SBlockRV,
     return result
 
 
-def inline_injective_producers(sch: s_tir.Schedule, keep: set[str]) -> None:
+# Most expression nodes one compute_inline may add by copying its producer into several loads (inline_growth_nodes).
+# The model zoo's largest such inline, an LSTM cell's tanh(c') with c' holding three fast activations, adds ~15,000;
+# a third stacked fast activation adds ~85,000 (sigmoid(tanh(sigmoid(x))), Mish(Mish(x))) and each further one
+# ~20-40x more.  Up to this bound the rules' kernels are unchanged, and the LSTM/GRU cells and single Mish
+# activations that fuse into one kernel stay one loop nest.
+MAX_INLINE_GROWTH_NODES = 32768
+
+
+def expr_tree_nodes(expr: tvm.ir.Expr, limit: int) -> int:
+    """Size of ``expr`` counted as a tree: every use of a shared sub-expression counts, as it does once a
+    schedule substitutes it (compute_inline copies the producer's value into each load).  Operations,
+    constants, variables and loads count (a load's buffer variable too, its type does not).  The walk stops
+    after ``limit + 1`` nodes, so measuring a huge expression costs no more than measuring one just over
+    the limit.
+    """
+    count = 0
+
+    def on_expr(_node: tvm.ir.Expr) -> tvm_ffi.VisitInterrupt | None:
+        nonlocal count
+        count += 1
+        return tvm_ffi.VisitInterrupt(count) if count > limit else None
+
+    tvm_ffi.structural_walk(expr, [(tvm.ir.Type, lambda _type: tvm_ffi.WalkResult.SKIP), (tvm.ir.Expr, on_expr)],
+                            order="pre")
+    return count
+
+
+def _buffer_of(access: object) -> object:
+    """The buffer variable a load, store or access region refers to (``.source`` in TVM 0.27, ``.buffer`` before)."""
+    source = getattr(access, "source", None)
+    return source if source is not None else access.buffer
+
+
+def count_loads(stmt: tirx.Stmt, buffer: object, limit: int) -> int:
+    """Number of loads of ``buffer`` in ``stmt`` counted as a tree, stopping after ``limit + 1``."""
+    count = 0
+
+    def on_load(load: tvm.ir.TensorLoad) -> tvm_ffi.VisitInterrupt | None:
+        nonlocal count
+        if _buffer_of(load).same_as(buffer):
+            count += 1
+            if count > limit:
+                return tvm_ffi.VisitInterrupt(count)
+        return None
+
+    tvm_ffi.structural_walk(stmt, (tvm.ir.TensorLoad, on_load))
+    return count
+
+
+def inline_growth_nodes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, limit: int) -> int:
+    """Expression nodes that compute_inline of ``block`` would add beyond moving its value once.
+
+    Inlining copies the producer's value into every load of its buffer in its consumers, so the kernel grows
+    by ``(loads - 1) * size(value)``: 0 for a block read once.  The result is exact up to ``limit`` and some
+    number above ``limit`` otherwise; either way the walks stop after about ``limit`` nodes.  A block that is
+    not a single store (compute_inline rejects it anyway) counts as 0.
+    """
+    producer = sch.get(block)
+    store = producer.body
+    if not isinstance(store, tirx.BufferStore) or len(producer.writes) != 1:
+        return 0
+    written = _buffer_of(producer.writes[0])
+    loads = 0
+    for consumer in sch.get_consumers(block):
+        loads += count_loads(sch.get(consumer).body, written, limit + 1 - loads)
+        if loads > limit + 1:
+            break
+    if loads <= 1:
+        return 0
+    copies = loads - 1
+    return copies * max(1, expr_tree_nodes(store.value, limit // copies))
+
+
+def inline_injective_producers(sch: s_tir.Schedule, keep: set[str], max_growth_nodes: int | None = None) -> None:
     """compute_inline every spatial block not in ``keep`` that can be inlined (padding, transposes, casts).
 
-    Blocks that cannot be inlined (e.g. they are outputs, or read non-trivially) are left where they are.
+    Blocks that cannot be inlined (e.g. they are outputs, or read non-trivially) are left where they are, and
+    so is a block whose inlining would add more than ``max_growth_nodes`` expression nodes
+    (:func:`inline_growth_nodes`): a block read once is always inlined, a small one (a clamp, a negation) may
+    be copied into many loads, but a large value read several times stays a materialised stage.  Without
+    that bound a chain of producers each read k times (TVM's fast tanh reads its input 19 times, fast exp
+    40 times) grows as k^n: four fused sigmoid/tanh ops made a 20-million-character kernel that took four
+    minutes and 2.3 GB to compile, and longer chains exhaust the host's memory.  Materialising costs one
+    store and load per element; the duplicated copies were computed once anyway after common-subexpression
+    elimination, so run times stay the same.
     """
+    if max_growth_nodes is None:
+        max_growth_nodes = MAX_INLINE_GROWTH_NODES
+    too_large: set[str] = set()  # growth never shrinks as inlining proceeds, so a rejected block stays rejected
     changed = True
-    while changed:
+    while changed:  # a pass in program order inlines whole chains; repeat while a pass still inlines something
         changed = False
         for block_rv, summary in summarize_blocks(sch):
-            if summary.name in keep or summary.is_reduction:
+            if summary.name in keep or summary.name in too_large or summary.is_reduction:
+                continue
+            growth = inline_growth_nodes(sch, block_rv, max_growth_nodes)
+            if growth > max_growth_nodes:
+                logger.debug("block %s stays materialised: inlining it would add over %d expression nodes",
+                             summary.name, max_growth_nodes)
+                too_large.add(summary.name)
                 continue
             try:
                 sch.compute_inline(block_rv)
                 changed = True
-                break
             except RuntimeError:
                 continue
 

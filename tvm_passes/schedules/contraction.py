@@ -9,13 +9,16 @@ register axis then feeds ``reg`` fused multiply-adds.  The outer spatial loops a
 The epilogue (bias add, residual add, relu/clip, batch-norm scale/shift) that FuseOps put into the kernel is
 first collapsed into a single block (``compute_inline`` of the intermediate injective blocks), then moved
 into the tile (``reverse_compute_at``), so it runs on each tile while it is still in registers/L1 and the
-full-size intermediate buffer disappears.  Padding blocks feeding the contraction stay separate stages
-(parallel, vectorised copies); inlining them would put a bounds check in the innermost loop.  A pad of width 0
-(TOPI gives every unpadded conv one: a full copy of its input) is inlined instead: it has no bounds to check, and
-the copy, split over the cores by channel, left each core's half of the input in the other core's L2 when the
-conv then read all of it.  On the 2-core Intel host a 64->16 1x1 conv at 55x55 went from 203 to 76 µs (it had
-run 155 µs on one thread), 128->32 at 27x27 from 93 to 25 µs; whole models 1.03-1.10x faster (ResNet-50,
-DenseNet-121, GoogLeNet, MobileNetV2, SqueezeNet at 224 px).
+full-size intermediate buffer disappears.  An intermediate block whose inlining would copy a large value into
+many loads (stacked activations, see :func:`.base.inline_injective_producers`) stays: the epilogue then ends at
+the first such block, and the blocks after it run as full-size parallel, vectorised stages.
+
+Padding blocks feeding the contraction stay separate stages (parallel, vectorised copies); inlining them would put
+a bounds check in the innermost loop.  A pad of width 0 (TOPI gives every unpadded conv one: a full copy of its
+input) is inlined instead: it has no bounds to check, and the copy, split over the cores by channel, left each
+core's half of the input in the other core's L2 when the conv then read all of it.  On the 2-core Intel host a
+64->16 1x1 conv at 55x55 went from 203 to 76 µs (it had run 155 µs on one thread), 128->32 at 27x27 from 93 to
+25 µs; whole models 1.03-1.10x faster (ResNet-50, DenseNet-121, GoogLeNet, MobileNetV2, SqueezeNet at 224 px).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ..tile_plan import pick_factor  # noqa: F401  (re-exported: the rules import it from here)
-from .base import loop_extent, num_cores, summarize_blocks
+from .base import MAX_INLINE_GROWTH_NODES, inline_growth_nodes, loop_extent, num_cores, summarize_blocks
 from .elementwise import parallel_vectorize_nest
 
 logger = logging.getLogger(__name__)
@@ -49,13 +52,30 @@ class TilePlan:
     band_axis: int = 2
 
 
-def _inline_epilogue_chain(sch: s_tir.Schedule, main_name: str) -> s_tir.schedule.SBlockRV | None:
-    """Collapse the spatial blocks after the contraction into one block; return it (None if no epilogue)."""
+def _inline_epilogue_chain(sch: s_tir.Schedule, main_name: str
+                           ) -> tuple[s_tir.schedule.SBlockRV | None, list[s_tir.schedule.SBlockRV]]:
+    """Collapse the spatial blocks after the contraction into as few blocks as the inline budget allows.
+
+    Returns the epilogue (the first block left after the contraction, None without one) and the blocks left
+    after it, in program order.  Every intermediate block is inlined unless that would add more than
+    :data:`.base.MAX_INLINE_GROWTH_NODES` expression nodes, so the usual epilogue (bias, batch norm, residual,
+    one activation) still becomes one block.
+    """
     names = [summary.name for _, summary in summarize_blocks(sch)]
     after = names[names.index(main_name) + 1 :]
+    left = []
     for name in after[:-1]:
-        sch.compute_inline(sch.get_sblock(name))
-    return sch.get_sblock(after[-1]) if after else None
+        block = sch.get_sblock(name)
+        growth = inline_growth_nodes(sch, block, MAX_INLINE_GROWTH_NODES)
+        if growth > MAX_INLINE_GROWTH_NODES:
+            logger.debug("epilogue block %s stays a stage: inlining it would add over %d expression nodes",
+                         name, MAX_INLINE_GROWTH_NODES)
+            left.append(name)
+            continue
+        sch.compute_inline(block)
+    left += after[-1:]
+    blocks = [sch.get_sblock(name) for name in left]
+    return (blocks[0], blocks[1:]) if blocks else (None, [])
 
 
 def schedule_producer(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, target: Target) -> None:
@@ -104,7 +124,7 @@ def schedule_contraction(sch: s_tir.Schedule, main_name: str, plan: TilePlan, ta
             sch.compute_inline(block)
         else:
             schedule_producer(sch, block, target)
-    epilogue = _inline_epilogue_chain(sch, main_name)
+    epilogue, later_stages = _inline_epilogue_chain(sch, main_name)
     if plan.vec_axis != plan.n_spatial - 1:
         # Vectorising a non-innermost output axis: accumulate in an intermediate buffer whose layout puts
         # the vector lanes innermost, so the register tile is contiguous; the epilogue writes the output.
@@ -167,3 +187,5 @@ def schedule_contraction(sch: s_tir.Schedule, main_name: str, plan: TilePlan, ta
     sch.unroll(reg_inner)
     sch.vectorize(vec_inner)
     sch.decompose_reduction(main, reduction[0])
+    for stage in later_stages:
+        parallel_vectorize_nest(sch, stage, target)
