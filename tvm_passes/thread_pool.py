@@ -7,12 +7,15 @@ pool started with (:mod:`hetpart.threads` sets that before TVM loads). ``docs/th
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any, Callable, Iterator
 
 from hetpart.threads import deployment_threads
 
 _RESTRICTED = threading.local()
+# The cores this process may run on, read before any TVM pool pinned a thread.
+PROCESS_CORES: tuple[int, ...] = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
 
 
 def pool_threads_wanted() -> int:
@@ -39,7 +42,9 @@ def restricted_pool(threads: int | None, cores: tuple[int, ...] = ()) -> Iterato
         yield
     finally:
         _RESTRICTED.threads = previous
-        configure(AFFINITY_BIG, previous or deployment_threads())
+        # Back to every core this process may use. Not AFFINITY_BIG: TVM keeps the core list of the last
+        # AFFINITY_SHARE_LISTED_CORES call, so "big" mode would leave this thread and its pool pinned to ``cores``.
+        configure_pool(configure, previous or deployment_threads(), PROCESS_CORES)
 
 
 # TVM's threading::ThreadGroup::AffinityMode values (src/runtime/threading_backend.h).

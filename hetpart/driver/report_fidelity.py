@@ -52,10 +52,13 @@ def fidelity_note(devices: DeviceSet, path: Path = FIDELITY_FILE) -> str:
     """One sentence for the report: the simulator's measured error for this device set, or why none is known."""
     summary = measured_fidelity(devices, path)
     if summary is not None:
-        return (f"Simulator error measured for {summary['devices']} against the task runtime: median "
-                f"{summary['median_abs_rel_error']:.0%}, worst {summary['worst_abs_rel_error']:.0%} over "
+        return (f"Simulator error measured for {summary['devices']} against the task runtime, over "
                 f"{summary['cases']} cases (one request and the steady-state period of many, zoo models; "
-                f"{summary['host_cpu']} host, {summary['measured_at']}; `{summary['command']}`).")
+                f"{summary['host_cpu']} host, {summary['measured_at']}; `{summary['command']}`): with predicted "
+                f"costs median {summary['median_abs_rel_error']:.0%}, worst {summary['worst_abs_rel_error']:.0%}; "
+                f"given each segment's measured time (the runtime model alone) median "
+                f"{summary['runtime_model_median_abs_rel_error']:.0%}, worst "
+                f"{summary['runtime_model_worst_abs_rel_error']:.0%}.")
     if any(d.kind == "gpu" for d in devices.devices):
         return ("The simulator's error is not measured for device sets with a GPU (no CUDA GPU was available to "
                 "run them); for two one-core CPU devices it is, see benchmarks/results/simulator_fidelity.")

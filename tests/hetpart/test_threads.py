@@ -34,3 +34,20 @@ def test_every_cli_command_starts_tvm_with_every_core():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert f"threads {os.cpu_count()}" in out.stdout
+
+
+def test_a_restricted_pool_gives_the_thread_every_core_back():
+    """After restricted_pool(1, (core,)) the calling thread may run on every core again (TVM keeps the core list
+    of its last configuration, so a careless restore leaves the thread pinned)."""
+    import os
+
+    import pytest
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs a process allowed on two cores")
+    from tvm_passes.thread_pool import pool_threads_wanted, restricted_pool
+
+    with restricted_pool(1, (cores[-1],)):
+        assert sorted(os.sched_getaffinity(0)) == [cores[-1]] and pool_threads_wanted() == 1
+    assert sorted(os.sched_getaffinity(0)) == cores

@@ -1,0 +1,239 @@
+"""How well the simulator predicts the task runtime: zoo models planned for two CPU devices with one core each
+(``--devices cpu:A,cpu:B``), run by the task runtime, predicted by ``hetpart.simulate_requests``.
+
+Per model, in one process:
+
+1. ``hetpart.compile(model, devices="cpu:A,cpu:B", method=..., segments=True)``: the plan, its costs (the CPU
+   predictor at one thread, scaled to this host when a clean calibration exists) and the segment executable;
+2. the runtime's overhead per segment, measured here (``hetpart.driver.runtime_overhead``), which the simulation
+   adds to every segment;
+3. measured: the latency of one request (median of repeated single requests) and the steady-state period of
+   ``--requests`` requests in flight (median of rounds), both with ``TaskRuntime``; the kernels' own time per
+   request (the sum of the segment runs in the runtime's trace);
+4. predicted: ``simulate_requests`` with 1 and ``--requests`` requests: the makespan and the period;
+5. baselines, measured in the same run with the sequential executable of the all-CPU plan: one device with one
+   core (the calling thread's TVM pool restricted to core A) and one device with two threads (the default pool).
+
+Records go to ``simulator_fidelity.json`` (one per case with ``predicted_us``, ``measured_us``, ``rel_error`` =
+predicted / measured - 1), a table to ``README.md``, and the summary the report shows for CPU-core device sets to
+``hetpart/driver/data/simulator_fidelity.json``::
+
+    python benchmarks/simulator_fidelity.py --out benchmarks/results/simulator_fidelity
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
+import numpy as np  # noqa: E402
+
+MODELS = ("googlenet", "squeezenet1_1", "densenet121", "bert_small", "resnet18", "lstm_lm")
+KINDS = {"googlenet": "branches", "squeezenet1_1": "branches", "densenet121": "branches", "bert_small": "branches",
+         "resnet18": "chain", "lstm_lm": "chain"}
+log = logging.getLogger("simulator_fidelity")
+
+
+def inputs_for(specs, graph, seed: int) -> list[np.ndarray]:
+    from hetpart.driver.check import sample_inputs
+
+    return list(sample_inputs(specs, graph, seed=seed).values())
+
+
+def median_latency_us(call, args, min_calls: int, min_seconds: float) -> float:
+    call(*args)
+    times, started = [], time.perf_counter()
+    while len(times) < min_calls or time.perf_counter() - started < min_seconds:
+        t0 = time.perf_counter()
+        call(*args)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def measure_tasks(rt, args, requests: int, rounds: int, min_calls: int, min_seconds: float) -> dict:
+    from hetpart.simulate_requests import steady_state_period_us
+
+    one = median_latency_us(lambda *a: rt(*a), args, min_calls, min_seconds)
+    rt.trace.clear()
+    kernel_us, per_segment = [], {}
+    for _ in range(max(3, min_calls // 2)):
+        rt.trace.clear()
+        rt(*args)
+        kernel_us.append(sum(end - start for *_, start, end in rt.trace) * 1e6)
+        for _, segment, _, start, end in rt.trace:
+            per_segment.setdefault(segment, []).append((end - start) * 1e6)
+    periods = []
+    for _ in range(rounds):
+        _, latency_us = rt.run_many([list(args)] * requests, max_in_flight=requests)
+        periods.append(steady_state_period_us(latency_us))      # all admitted at once: latency = completion
+    return {"one_request_us": one, "period_us": statistics.median(periods), "periods_us": periods,
+            "segment_runs_us": statistics.median(kernel_us),
+            "segment_us": {k: statistics.median(v) for k, v in per_segment.items()}}
+
+
+def costs_from_measured_segments(compiled, segment_us: dict) -> object:
+    """The plan's cost table with each kernel's latency on its planned device scaled so that every runtime segment's
+    kernels add up to that segment's measured time: the simulator then sees measured work, and what is left of its
+    error is the runtime model's (overheads, copies, concurrency)."""
+    from hetpart.costs import CostTable
+
+    segment_of = compiled.segments.program.segment_of
+    costs, plan = compiled.costs, compiled.plan
+    latency = np.array(costs.latency_us, dtype=np.float64)
+    kernel_segment = [segment_of[min(node.tags.get("op_ids", [node.id]))] for node in compiled.graph.nodes]
+    device_index = [costs.devices.index(d) for d in plan.device_of]
+    predicted: dict[int, float] = {}
+    for k, s in enumerate(kernel_segment):
+        predicted[s] = predicted.get(s, 0.0) + latency[k, device_index[k]]
+    for k, s in enumerate(kernel_segment):
+        if predicted[s] > 0 and s in segment_us:
+            latency[k, device_index[k]] *= segment_us[s] / predicted[s]
+    return CostTable.from_arrays(latency, costs.devices, supported=costs.supported, source="measured",
+                                 graph=compiled.graph)
+
+
+def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args) -> tuple[list[dict], dict]:
+    import hetpart
+    from hetpart.driver.runtime_overhead import measure_dispatch_overhead
+    from hetpart.driver.task_runtime import TaskRuntime
+    from hetpart.simulate_requests import simulate_requests
+    from tvm_passes.thread_pool import restricted_pool
+
+    started = time.perf_counter()
+    compiled = hetpart.compile(name, devices=spec, method=method, segments=True, size=args.size)
+    single = hetpart.compile(name, devices="cpu", method="all_cpu", size=args.size)
+    compile_s = time.perf_counter() - started
+    devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in compiled.costs.devices.devices]
+    overhead = measure_dispatch_overhead(devices)
+    runtime_model = overhead.runtime_model(compiled.costs.device_names)
+    x = inputs_for(compiled.build.manifest.inputs, compiled.op_graph, seed=0)
+    with TaskRuntime(compiled.segments, trace=True) as rt:
+        measured = measure_tasks(rt, x, args.requests, args.rounds, args.min_calls, args.min_seconds)
+    with restricted_pool(1, (cores[0],)):
+        one_core_us = median_latency_us(single, x, args.min_calls, args.min_seconds)
+    two_threads_us = median_latency_us(single, x, args.min_calls, args.min_seconds)
+    same_plan_sequential_us = median_latency_us(compiled, x, args.min_calls, args.min_seconds)
+    one = simulate_requests(compiled.graph, compiled.costs, compiled.plan, n_requests=1, runtime=runtime_model)
+    many = simulate_requests(compiled.graph, compiled.costs, compiled.plan, n_requests=args.requests,
+                             runtime=runtime_model)
+    measured_costs = costs_from_measured_segments(compiled, measured["segment_us"])
+    one_m = simulate_requests(compiled.graph, measured_costs, compiled.plan, n_requests=1, runtime=runtime_model)
+    many_m = simulate_requests(compiled.graph, measured_costs, compiled.plan, n_requests=args.requests,
+                               runtime=runtime_model)
+    kernel_predicted_us = float(sum(compiled.costs.latency(k, compiled.plan.device_of[k])
+                                    for k in range(compiled.graph.num_ops)))
+    segments = len(compiled.segments.program.functions)
+    common = {"model": name, "kind": KINDS.get(name, "?"), "method": compiled.plan.method, "devices": spec,
+              "segments": segments, "overhead_per_segment_us": overhead.overhead_us,
+              "kernels_on": {d: compiled.plan.device_of.count(d) for d in compiled.costs.device_names}}
+    records = []
+    for metric, predicted, from_segments, got in (
+            ("one_request", one.makespan_us, one_m.makespan_us, measured["one_request_us"]),
+            (f"period_{args.requests}", many.period_us, many_m.period_us, measured["period_us"])):
+        records.append({**common, "metric": metric, "predicted_us": predicted, "measured_us": got,
+                        "rel_error": predicted / got - 1.0, "predicted_from_measured_segments_us": from_segments,
+                        "runtime_model_rel_error": from_segments / got - 1.0})
+    extra = {"model": name, "one_core_us": one_core_us, "two_threads_us": two_threads_us,
+             "sequential_same_plan_us": same_plan_sequential_us,
+             "tasks_minus_sequential_per_segment_us":
+                 (measured["one_request_us"] - same_plan_sequential_us) / segments,
+             "tasks_one_request_us": measured["one_request_us"], "tasks_period_us": measured["period_us"],
+             "periods_us": measured["periods_us"], "segment_runs_us": measured["segment_runs_us"],
+             "kernels_predicted_us": kernel_predicted_us,
+             "cost_rel_error": kernel_predicted_us / measured["segment_runs_us"] - 1.0,
+             "speedup_one_request_vs_one_core": one_core_us / measured["one_request_us"],
+             "throughput_vs_one_core": one_core_us / measured["period_us"],
+             "throughput_vs_two_threads": two_threads_us / measured["period_us"],
+             "compile_s": compile_s, "cost_notes": compiled.source.get("cost_notes", [])}
+    log.info("%s: %s", name, json.dumps({**records[0], **extra}, default=str)[:400])
+    return records, extra
+
+
+def table(records: list[dict], extras: list[dict], requests: int) -> list[str]:
+    lines = ["| model | kind | segments | metric | measured (µs) | predicted (µs) | error | predicted from measured "
+             "segments (µs) | error |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in records:
+        lines.append(f"| {r['model']} | {r['kind']} | {r['segments']} | {r['metric']} | {r['measured_us']:,.0f} | "
+                     f"{r['predicted_us']:,.0f} | {r['rel_error']:+.1%} | "
+                     f"{r['predicted_from_measured_segments_us']:,.0f} | {r['runtime_model_rel_error']:+.1%} |")
+    lines += ["", "| model | 1 core, sequential (µs) | 2 threads, sequential (µs) | same plan, sequential (µs) | "
+              f"tasks, 1 request (µs) | tasks, period of {requests} (µs) | 1 request vs 1 core | "
+              "throughput vs 1 core | throughput vs 2 threads | tasks - sequential per segment (µs) | "
+              "kernels predicted / measured |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for e in extras:
+        lines.append(f"| {e['model']} | {e['one_core_us']:,.0f} | {e['two_threads_us']:,.0f} | "
+                     f"{e['sequential_same_plan_us']:,.0f} | "
+                     f"{e['tasks_one_request_us']:,.0f} | {e['tasks_period_us']:,.0f} | "
+                     f"{e['speedup_one_request_vs_one_core']:.2f}x | {e['throughput_vs_one_core']:.2f}x | "
+                     f"{e['throughput_vs_two_threads']:.2f}x | {e['tasks_minus_sequential_per_segment_us']:,.0f} | "
+                     f"{1 + e['cost_rel_error']:.2f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--method", default="portfolio")
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--min-calls", type=int, default=10)
+    parser.add_argument("--min-seconds", type=float, default=2.0)
+    parser.add_argument("--size", type=int, default=None, help="model size option (zoo default when omitted)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/simulator_fidelity"))
+    parser.add_argument("--summary", type=Path, default=Path("hetpart/driver/data/simulator_fidelity.json"),
+                        help="where the report's summary goes ('' to skip)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from hetpart.driver.report_fidelity import host_cpu_label
+
+    cores = tuple(sorted(os.sched_getaffinity(0))[:2])
+    if len(cores) < 2:
+        raise SystemExit("two one-core CPU devices need a process allowed on two cores")
+    spec = f"cpu:{cores[0]},cpu:{cores[1]}"
+    records, extras = [], []
+    for name in [m for m in args.models.split(",") if m]:
+        got, extra = run_model(name, spec, cores, args.method, args)
+        records += got
+        extras.append(extra)
+    errors = [abs(r["rel_error"]) for r in records]
+    model_errors = [abs(r["runtime_model_rel_error"]) for r in records]
+    command = ("python benchmarks/simulator_fidelity.py --models " + args.models + f" --method {args.method} "
+               f"--requests {args.requests} --rounds {args.rounds}" + (f" --size {args.size}" if args.size else ""))
+    summary = {"config": "cpu-core-devices", "devices": "two CPU devices, one core each", "host_cpu": host_cpu_label(),
+               "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": len(records),
+               "median_abs_rel_error": statistics.median(errors), "worst_abs_rel_error": max(errors),
+               "runtime_model_median_abs_rel_error": statistics.median(model_errors),
+               "runtime_model_worst_abs_rel_error": max(model_errors),
+               "command": command}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out.parent / "simulator_fidelity.json").write_text(json.dumps(
+        {"summary": summary, "records": records, "measurements": extras,
+         "tvm_num_threads": int(os.environ["TVM_NUM_THREADS"]), "platform": platform.platform()}, indent=1))
+    lines = ["# Simulator fidelity: the task runtime on two one-core CPU devices", "",
+             f"Command: `{command}` ({summary['measured_at']}, {summary['host_cpu']}, TVM_NUM_THREADS="
+             f"{os.environ['TVM_NUM_THREADS']}). Records: `benchmarks/results/simulator_fidelity.json`.", "",
+             f"Over {len(records)} cases, with predicted costs: median |error| **{summary['median_abs_rel_error']:.1%}**, "
+             f"worst **{summary['worst_abs_rel_error']:.1%}**; with each segment's measured time (the runtime model "
+             f"alone): median **{summary['runtime_model_median_abs_rel_error']:.1%}**, worst "
+             f"**{summary['runtime_model_worst_abs_rel_error']:.1%}** (goal: median <= 10%, worst <= 20%).", ""]
+    lines += table(records, extras, args.requests)
+    lines += ["", "error = predicted / measured - 1. 'kernels predicted / measured' compares the predicted kernel "
+              "time of one request with the time the runtime spent inside segment calls (its trace): the part of "
+              "the error that comes from the cost predictions rather than from the runtime model."]
+    (args.out / "README.md").write_text("\n".join(lines) + "\n")
+    if str(args.summary):
+        args.summary.parent.mkdir(parents=True, exist_ok=True)
+        args.summary.write_text(json.dumps(summary, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
