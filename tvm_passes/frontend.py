@@ -181,10 +181,12 @@ def _install_rnn_converters() -> None:
 
 
 def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str | None,
-                 work_dir: Path | None) -> ImportedModel:
+                 work_dir: Path | None, rnn_options: Any = None) -> ImportedModel:
     import onnx
     import onnxslim
     from tvm.relax.frontend.onnx import from_onnx
+
+    from tvm_passes.rnn import rnn_import_options
 
     model = _load_onnx(path)
     inputs = _onnx_inputs(model)
@@ -199,16 +201,20 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
                              f"{bound}: {exc}") from exc
     dtypes = {n: dt for n, _, dt in inputs}
     try:
-        mod = from_onnx(slim, shape_dict={n: list(d) for n, d in bound.items()}, dtype_dict=dtypes,
-                        keep_params_in_input=False, sanitize_input_names=False)
+        with rnn_import_options(rnn_options):
+            mod = from_onnx(slim, shape_dict={n: list(d) for n, d in bound.items()}, dtype_dict=dtypes,
+                            keep_params_in_input=False, sanitize_input_names=False)
     except Exception as exc:
         raise ModelLoadError(f"{path.name}: TVM's ONNX importer failed ({type(exc).__name__}: {exc})") from exc
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     digest = hashlib.sha256(f"{digest}|{sorted(bound.items())}".encode()).hexdigest()[:16]
+    slim_digest = digest
+    if rnn_options is not None and not rnn_options.is_default:   # another unrolling is another graph
+        digest = hashlib.sha256(f"{digest}|{rnn_options}".encode()).hexdigest()[:16]
     slim_path = None
     if work_dir is not None:
         Path(work_dir).mkdir(parents=True, exist_ok=True)
-        slim_path = Path(work_dir) / f"{path.stem}.{digest}.slim.onnx"
+        slim_path = Path(work_dir) / f"{path.stem}.{slim_digest}.slim.onnx"
         if not slim_path.exists():
             tmp = slim_path.with_suffix(".tmp")
             onnx.save(slim, str(tmp))
@@ -324,8 +330,12 @@ def _normalize(mod):
 
 def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mapping[str, Sequence[int]] | None = None,
                  example_inputs: Sequence[Any] | None = None, name: str | None = None,
-                 work_dir: str | Path | None = None, pad_columns: bool = True) -> ImportedModel:
+                 work_dir: str | Path | None = None, pad_columns: bool = True,
+                 rnn_options: Any = None) -> ImportedModel:
     """Import an ONNX file (path) or a ``torch.nn.Module`` (with ``example_inputs``) into Relax.
+
+    ``rnn_options`` (a ``tvm_passes.rnn.RnnImportOptions``; None: the defaults) says how ONNX LSTM/GRU/RNN nodes
+    are unrolled, e.g. ``RnnImportOptions(input_projection="per_slice", slice_steps=4)``.
 
     ``pad_columns=False`` keeps matmuls against constant weights as written instead of padding their columns to
     whole SIMD vectors (``tvm_passes.pad_columns``; for comparisons -- the padded graph is what hetpart deploys).
@@ -335,7 +345,7 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
         path = Path(model)
         if path.suffix.lower() not in (".onnx", "") and path.exists():
             log.warning("%s does not end in .onnx; trying to read it as ONNX anyway", path)
-        imported = _import_onnx(path, shapes, name, Path(work_dir) if work_dir else None)
+        imported = _import_onnx(path, shapes, name, Path(work_dir) if work_dir else None, rnn_options)
     else:
         try:
             import torch

@@ -13,6 +13,9 @@ where it belongs; :func:`parse_rnn_tag` decodes it::
     rnn{L}_d{D}_t{T}_{what}   one recurrence step:      rnn_step = T (0, 1, ...), rnn_phase = "step"
     rnn{L}_d{D}_in_{what}     before the recurrence:    rnn_step = -1, rnn_phase = "input_projection"
                               (weight slicing, the input projection of all steps in one matmul, initial state)
+    rnn{L}_d{D}_p{T}_{what}   input_projection="per_slice": the projection of the slice starting at step T
+                              (and the slice of the layer input it reads): rnn_step = T,
+                              rnn_phase = "input_projection"
     rnn{L}_d{D}_out_{what}    after the recurrence:     rnn_step = -1, rnn_phase = "output"
                               (stacking the per-step outputs of direction D into Y)
     rnn{L}_dall_out_{what}    output spanning both directions of a bidirectional node: rnn_direction = -1
@@ -22,11 +25,20 @@ is the ONNX node order (topological), so it is stable for a given model file. ``
 ``num_directions`` axis (0 = forward, 1 = reverse of a bidirectional node; a ``direction="reverse"`` node has
 only D = 0). ``T`` is the *iteration* index: step T depends on step T-1 of the same (L, D); a reverse
 direction processes time position ``seq_len - 1 - T`` at step T.
+
+**Input projection.** By default (``input_projection="hoisted"``) each direction projects its whole input sequence
+in one matmul before the recurrence, so a layer waits for all of the layer below. With
+``RnnImportOptions(input_projection="per_slice", slice_steps=k)`` (set around an import with
+:func:`rnn_import_options`) each direction projects the input of every k consecutive steps in its own matmul. When
+the layer's input is the output sequence of an RNN node converted the same way (through layout ops only:
+expand_dims, squeeze, permute_dims, a reshape that keeps the time axis), that slice of the input is rebuilt from
+the per-step outputs it holds, so slice s of layer l+1 depends on slice s of layer l only and not on the stacked
+sequence; otherwise the slice is cut from the input with a strided_slice. The tag grammar is
+``hetpart.partition.slices.RNN_TAG_RE`` (the core's time-slice scheduler reads it).
 """
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,41 +48,29 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
+from hetpart.partition.slices import parse_rnn_tag
+from tvm_passes.rnn_slices import (InputSlices, RnnImportOptions, StepSequence, current_options,
+                                   register_sequence, rnn_import_options)
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["DEFAULT_ACTIVATIONS", "GATE_COUNT", "RNN_OP_TYPES", "RnnImportOptions", "attribute_problems",
+           "find_unsupported_rnn_nodes", "install_onnx_rnn_converters", "parse_rnn_tag", "rnn_import_options",
+           "rnn_tag_name"]
 
 RNN_OP_TYPES = ("LSTM", "GRU", "RNN")
 DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh"), "RNN": ("tanh",)}
 _DIRECTIONS = ("forward", "reverse", "bidirectional")
-_TAG_RE = re.compile(r"^rnn(?P<layer>\d+)_d(?P<dir>\d+|all)_(?:(?P<phase>in|out)|t(?P<step>\d+))_")
 _LAYER_COUNTER_ATTR = "_hetpart_rnn_layers_converted"
-_PHASES = {"in": "input_projection", "out": "output"}
 GATE_COUNT = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
 def rnn_tag_name(layer: int, direction: int | None, step: int | str, what: str) -> str:
-    """The var name for an emitted binding: ``step`` is an int, ``"in"`` or ``"out"``; direction None = all."""
+    """The var name for an emitted binding: ``step`` is an int, ``"in"``, ``"out"`` or ``"p<T>"`` (the projection of
+    the slice starting at step T); direction None = all."""
     d = "all" if direction is None else str(direction)
     t = f"t{step}" if isinstance(step, int) else step
     return f"rnn{layer}_d{d}_{t}_{what}"
-
-
-def parse_rnn_tag(var_name: str) -> dict | None:
-    """Decode a tag written by these converters, or None if ``var_name`` carries none.
-
-    Returns ``{"rnn_layer": L, "rnn_direction": D, "rnn_step": T, "rnn_phase": phase}`` where D is -1 for
-    bindings spanning all directions, T is -1 outside the recurrence, and phase is "step",
-    "input_projection" or "output" (see the module docstring).
-    """
-    match = _TAG_RE.match(var_name)
-    if match is None:
-        return None
-    direction = -1 if match["dir"] == "all" else int(match["dir"])
-    if match["step"] is not None:
-        step, phase = int(match["step"]), "step"
-    else:
-        step, phase = -1, _PHASES[match["phase"]]
-    return {"rnn_layer": int(match["layer"]), "rnn_direction": direction, "rnn_step": step, "rnn_phase": phase}
 
 
 def _text(value) -> str:
@@ -317,25 +317,38 @@ def _initial_state(emit: _Emitter, spec: _RnnSpec, state: relax.Expr | None, d: 
     return emit(relax.op.take(state, relax.const(d, "int64"), axis=dir_axis, mode="clip"), what)
 
 
-def _run_direction(emit: _Emitter, spec: _RnnSpec, inputs, d: int):
-    """Unroll one direction; returns (Y of this direction without the direction axis, final h, final c)."""
+def _run_direction(emit: _Emitter, spec: _RnnSpec, inputs, d: int, options: RnnImportOptions,
+                   x_slices: InputSlices):
+    """Unroll one direction; returns (Y of this direction without the direction axis, final h, final c, the h of
+    every time position)."""
     emit.direction, emit.step = d, "in"
     weights, proj_bias = _cell_weights(emit, spec, inputs, d)
-    proj = emit(relax.op.matmul(inputs[0], weights.w_t), "xproj")
-    if proj_bias is not None:
-        proj = emit(relax.op.add(proj, proj_bias), "xproj_bias")
+    per_slice = options.input_projection == "per_slice"
+    k = options.slice_steps
+
+    def project(x: relax.Expr) -> relax.Expr:
+        proj = emit(relax.op.matmul(x, weights.w_t), "xproj")
+        return proj if proj_bias is None else emit(relax.op.add(proj, proj_bias), "xproj_bias")
+
+    proj, first_time = (None, 0) if per_slice else (project(inputs[0]), 0)
     h = _initial_state(emit, spec, inputs[5] if len(inputs) > 5 else None, d, "h0")
     c = _initial_state(emit, spec, inputs[6] if len(inputs) > 6 else None, d, "c0")
     outputs: list[relax.Expr | None] = [None] * spec.seq_len
     for step in range(spec.seq_len):
+        if per_slice and step % k == 0:
+            stop = min(spec.seq_len, step + k)
+            lo, hi = (spec.seq_len - stop, spec.seq_len - step) if spec.reversed_dirs[d] else (step, stop)
+            emit.step = f"p{step}"
+            proj, first_time = project(x_slices(emit, lo, hi)), lo
         emit.step = step
         time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
-        x_gates = emit(relax.op.take(proj, relax.const(time, "int64"), axis=spec.time_axis, mode="clip"), "x")
+        x_gates = emit(relax.op.take(proj, relax.const(time - first_time, "int64"), axis=spec.time_axis,
+                                     mode="clip"), "x")
         h, c = _CELL_STEPS[spec.op_type](emit, weights, x_gates, h, c)
         outputs[time] = h
     emit.step = "out"
     y = emit(relax.op.stack(outputs, axis=spec.time_axis), "y_dir")
-    return y, h, c
+    return y, h, c, tuple(outputs)
 
 
 def _next_layer(bb: relax.BlockBuilder) -> int:
@@ -347,10 +360,15 @@ def _next_layer(bb: relax.BlockBuilder) -> int:
 
 def _convert(op_type: str, bb: relax.BlockBuilder, inputs, attrs: dict, params) -> relax.Tuple:
     spec = _parse_spec(op_type, inputs, attrs, params)
+    options = current_options()
     emit = _Emitter(bb, _next_layer(bb))
-    logger.debug("unrolling %s node %r as rnn layer %d: %d steps x %d directions", op_type, spec.node_name,
-                 emit.layer, spec.seq_len, len(spec.reversed_dirs))
-    per_dir = [_run_direction(emit, spec, inputs, d) for d in range(len(spec.reversed_dirs))]
+    x_slices = InputSlices(bb, inputs[0], spec.time_axis, spec.seq_len)
+    logger.debug("unrolling %s node %r as rnn layer %d: %d steps x %d directions, %s input projection%s",
+                 op_type, spec.node_name, emit.layer, spec.seq_len, len(spec.reversed_dirs), options.input_projection,
+                 f" every {options.slice_steps} steps" + (" from the per-step outputs of the layer below"
+                                                          if x_slices.rebuilt else "")
+                 if options.input_projection == "per_slice" else "")
+    per_dir = [_run_direction(emit, spec, inputs, d, options, x_slices) for d in range(len(spec.reversed_dirs))]
     # Y: [seq, dirs, batch, H] (layout 0) / [batch, seq, dirs, H] (layout 1); Y_h, Y_c: [dirs, batch, H] /
     # [batch, dirs, H]. Direction axis: 1 / 2 for Y, 0 / 1 for the states.
     y_axis, state_axis = (1, 0) if spec.layout == 0 else (2, 1)
@@ -364,6 +382,8 @@ def _convert(op_type: str, bb: relax.BlockBuilder, inputs, attrs: dict, params) 
     results = [gather([p[0] for p in per_dir], y_axis, "Y"), gather([p[1] for p in per_dir], state_axis, "Y_h")]
     if op_type == "LSTM":
         results.append(gather([p[2] for p in per_dir], state_axis, "Y_c"))
+    if options.input_projection == "per_slice":
+        register_sequence(bb, StepSequence(results[0], tuple(p[3] for p in per_dir), spec.time_axis, y_axis))
     return relax.Tuple(results)
 
 

@@ -40,12 +40,14 @@ def resolve_model_path(model: str | Path, *, batch: int | None = None, size: int
 
 def import_model(model: Any, *, input_shapes: Sequence[str] | Mapping[str, Sequence[int]] | None = None,
                  example_inputs: Sequence[Any] | None = None, batch: int | None = None, size: int | None = None,
-                 weights: str = "random"):
-    """Resolve ``model`` (zoo name, path, torch module) and import it into Relax (tvm_passes.frontend)."""
+                 weights: str = "random", rnn_options: Any = None):
+    """Resolve ``model`` (zoo name, path, torch module) and import it into Relax (tvm_passes.frontend);
+    ``rnn_options``: how ONNX RNN nodes are unrolled (``tvm_passes.rnn.RnnImportOptions``)."""
     from tvm_passes.frontend import import_model as _import
 
     if isinstance(model, (str, Path)):
         path = resolve_model_path(model, batch=batch, size=size, weights=weights)
         name = str(model) if not Path(model).exists() else path.stem
-        return _import(path, input_shapes=input_shapes, name=name, work_dir=cache_dir() / "imported")
+        return _import(path, input_shapes=input_shapes, name=name, work_dir=cache_dir() / "imported",
+                       rnn_options=rnn_options)
     return _import(model, input_shapes=input_shapes, example_inputs=example_inputs)

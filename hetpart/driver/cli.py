@@ -151,7 +151,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         compiled = api.compile(args.model, devices=args.devices, method=args.method, pins=_parse_pins(args.pin),
                                plan=args.plan, input_shapes=args.input_shape, batch=args.batch, size=args.size,
                                cpu_predictor=args.cpu_predictor, output_dir=out_dir, overwrite=args.force,
-                               segments=args.segments,
+                               segments=args.segments, requests=args.requests, slice_steps=args.slice_steps,
+                               rnn_projection=args.rnn_projection,
                                progress=lambda msg: (progress.update(task, description=msg), log.info("%s", msg)))
     s = summary(compiled._report_data())
     console.print(f"[bold]{s['model']}[/bold]: {s['method']} plan, predicted {s['makespan_us']:,.0f} µs per inference")
@@ -160,6 +161,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     for device, row in s["per_device"].items():
         console.print(f"  {device}: {row['kernels']} kernels, {row['flops_share']:.1%} of FLOPs")
     console.print(_partition_verdict(s))
+    if compiled.plan.method == "timeslice":      # its objective: many requests in flight
+        console.print(f"  {compiled.plan.notes[0]}")
     console.print(f"  copies per inference: {s['copies']} ({s['copied_bytes'] / 1e6:.2f} MB, predicted)")
     if s.get("weight_upload_bytes"):
         count = "" if s.get("weight_uploads") is None else f"{s['weight_uploads']} weight tensors, "
@@ -259,6 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default=DEFAULT_METHOD, choices=sorted(METHODS), metavar="METHOD",
                    help=f"partitioner: {', '.join(sorted(METHODS))} (default {DEFAULT_METHOD}; milp and "
                    "exhaustive are exact and only for small graphs)")
+    p.add_argument("--requests", type=_positive_int, default=None, help="timeslice: requests in flight whose "
+                   "simulated makespan the plan minimises (default 1)")
+    p.add_argument("--slice-steps", type=_positive_int, default=None, help="timeslice: recurrence steps per time "
+                   "slice (default 1); with --rnn-projection per_slice also the steps per input projection")
+    p.add_argument("--rnn-projection", choices=("hoisted", "per_slice"), default=None, help="unroll ONNX RNNs with "
+                   "one input projection over all steps (hoisted, the default) or one per --slice-steps steps")
     p.add_argument("--pin", action="append", default=[], metavar="OP=DEVICE",
                    help="force ops (name, glob, or op:relax.nn.conv2d) onto a device (repeatable)")
     p.add_argument("--plan", type=Path, help="use this plan.json (e.g. an edited one) instead of planning")

@@ -187,6 +187,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
             input_shapes: Any = None, example_inputs: Sequence[Any] | None = None, batch: int | None = None,
             size: int | None = None, cpu_predictor: str | Path | None = None, emulate_gpu: bool | None = None,
             output_dir: str | Path | None = None, overwrite: bool = False, segments: bool = False,
+            requests: int | None = None, slice_steps: int | None = None, rnn_projection: str | None = None,
             progress: Callable[[str], None] | None = None) -> CompiledModel:
     """Compile ``model`` (ONNX path, zoo name, or torch.nn.Module + ``example_inputs``) for a CPU+GPU machine.
 
@@ -195,7 +196,9 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     plan.json (or Plan) to compile as it is instead of planning. ``output_dir``: write the executable, plans and
     report there; it must be new or empty, or an earlier hetpart output with ``overwrite=True``. ``segments=True``
     also builds the plan's segments for the task runtime (``hetpart.load(dir, mode="tasks")``; GPU emulated only).
-    Every argument is checked before the model is imported."""
+    ``requests``, ``slice_steps``: the ``timeslice`` method's requests in flight and steps per time slice;
+    ``rnn_projection="per_slice"`` imports ONNX RNNs with one input projection per ``slice_steps`` steps
+    (``tvm_passes.rnn``). Every argument is checked before the model is imported."""
     from tvm_passes import sources
     from hetpart.driver.output_dir import check_writable
     from hetpart.partition import DEFAULT_METHOD, PartitionConfig, explain, get_method
@@ -206,6 +209,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     from tvm_passes.annotate import annotate_module
     from tvm_passes.build import build, cuda_available
     from tvm_passes.extract import extract_op_graph
+    from tvm_passes.rnn import RnnImportOptions
     from tvm_passes.tuning_db import default_database_dir, has_database
 
     say = progress or (lambda msg: log.info("%s", msg))
@@ -220,12 +224,15 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
 
     method = method or DEFAULT_METHOD
     solve = get_method(method)
+    timeslice = {k: v for k, v in (("requests", requests), ("slice_steps", slice_steps)) if v is not None}
+    config = PartitionConfig(pins=dict(pins or {}), **timeslice)
+    rnn_options = None if rnn_projection is None else RnnImportOptions(rnn_projection, slice_steps or 1)
     given_plan, choice = _given_plan(plan, devices)
     if output_dir is not None:
         check_writable(output_dir, overwrite=overwrite)
     say("importing model")
     imported = sources.import_model(model, input_shapes=input_shapes, example_inputs=example_inputs, batch=batch,
-                                size=size)
+                                size=size, rnn_options=rnn_options)
     lap("import")
     say(f"extracting ops and fused kernels of {imported.name}")
     op_graph = extract_op_graph(imported.mod, name=imported.name, source_hash=imported.source_hash,
@@ -245,7 +252,6 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
         predictors["gpu"] = AnalyticGpuModel(choice.gpu_preset)
     costs = build_cost_table(graph, predictors, choice.devices)
     lap("costs")
-    config = PartitionConfig(pins=dict(pins or {}))
     if given_plan is not None:
         chosen = given_plan.validate(graph)
         if set(chosen.devices) != set(choice.devices.names):

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 from hetpart.costs import CostTable
 from hetpart.errors import InvalidPlanError
 from hetpart.graph import OpGraph
-from hetpart.partition import cp_greedy, exhaustive, greedy, heft, milp, portfolio
+from hetpart.partition import cp_greedy, exhaustive, greedy, heft, milp, portfolio, timeslice
 from hetpart.partition.common import PartitionConfig, ProblemTooLargeError
 from hetpart.partition.explain import OpWhy, explain
 from hetpart.partition.single_device import solve_all_cpu, solve_all_gpu
@@ -28,6 +28,7 @@ METHODS: dict[str, SolveFn] = {
     "portfolio": portfolio.solve,
     "milp": milp.solve,
     "exhaustive": exhaustive.solve,
+    "timeslice": timeslice.solve,
 }
 DEFAULT_METHOD = "portfolio"
 

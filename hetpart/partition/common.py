@@ -41,18 +41,36 @@ class PartitionConfig:
     time_limit_s: float = 60.0               # milp: HiGHS time limit
     milp_max_ops: int = 250                  # milp: refuse larger graphs (constraints grow ~ n^2)
     exhaustive_max_schedules: int = 200_000  # exhaustive: refuse when more (assignment, order) pairs than this
+    requests: int = 1                        # timeslice: requests in flight whose simulated makespan is minimised
+    slice_steps: int = 1                     # timeslice: recurrence steps per time slice
+    dispatch_overhead_us_by_device: Mapping[str, float] = field(default_factory=dict)  # timeslice: task runtime
+                                             # overhead per segment (hetpart.simulate_requests.RuntimeModel)
+    timeslice_segments: str = "runtime"      # timeslice: "runtime" (segment_plan) or "slices" (one per task)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pins", dict(self.pins))
         if self.perturbations < 0 or (self.max_evaluations is not None and self.max_evaluations < 1):
             raise InvalidPlanError(f"perturbations must be >= 0 and max_evaluations >= 1 (or None); found "
                                    f"{self.perturbations} and {self.max_evaluations}")
+        overheads = dict(self.dispatch_overhead_us_by_device)
+        if any(not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0 for v in overheads.values()):
+            raise InvalidPlanError(f"dispatch_overhead_us_by_device must map device names to microseconds >= 0; "
+                                   f"found {overheads}")
+        object.__setattr__(self, "dispatch_overhead_us_by_device", {str(k): float(v) for k, v in overheads.items()})
+        if self.timeslice_segments not in ("runtime", "slices"):
+            raise InvalidPlanError(f"timeslice_segments must be 'runtime' or 'slices'; found {self.timeslice_segments!r}")
+        for name in ("requests", "slice_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidPlanError(f"{name} must be a positive integer; found {value!r} (e.g. requests=16, "
+                                       "slice_steps=4)")
         if isinstance(self.simulation, Mapping):
             object.__setattr__(self, "simulation", SimulationConfig.from_dict(self.simulation))
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["pins"] = dict(self.pins)
+        out["dispatch_overhead_us_by_device"] = dict(self.dispatch_overhead_us_by_device)
         out["simulation"] = self.simulation.to_dict()
         return out
 

@@ -48,6 +48,7 @@ from hetpart.costs import CostTable
 from hetpart.graph import OpGraph
 from hetpart.partition.common import PartitionConfig, Problem, finish_plan
 from hetpart.partition.explain import critical_ops
+from hetpart.partition.slices import step_tasks
 from hetpart.plan import Plan
 from hetpart.simulate import Schedule
 
@@ -69,7 +70,8 @@ def default_budget(problem: Problem) -> int:
 
 
 def clusters(problem: Problem) -> list[list[int]]:
-    """Partition op ids into clusters (fused kernels + linear chains with identical allowed devices)."""
+    """Partition op ids into clusters (fused kernels + linear chains with identical allowed devices; a chain
+    of an unrolled RNN stays within one time step of one layer)."""
     n = problem.n
     parent = list(range(n))
 
@@ -89,8 +91,9 @@ def clusters(problem: Problem) -> list[list[int]]:
         for a, b in zip(group.op_ids, group.op_ids[1:]):
             union(a, b)
     succ, preds = problem.model.succ, problem.model.preds
+    steps = step_tasks(problem.graph)          # a chain never glues two RNN time steps (a time-slice cut)
     for u in range(n):
-        if len(succ[u]) == 1 and len(preds[succ[u][0]]) == 1:
+        if len(succ[u]) == 1 and len(preds[succ[u][0]]) == 1 and steps[u] == steps[succ[u][0]]:
             union(u, succ[u][0])
     members: dict[int, list[int]] = {}
     for v in range(n):

@@ -139,7 +139,8 @@ def test_unknown_method_and_option_are_typed_errors():
         get_method("magic")
     with pytest.raises(InvalidPlanError, match="unknown partition options"):
         partition(graph, costs, "heft", {"tim_limit": 3})
-    assert set(METHODS) == {"all_cpu", "all_gpu", "greedy", "heft", "cp_greedy", "portfolio", "milp", "exhaustive"}
+    assert set(METHODS) == {"all_cpu", "all_gpu", "greedy", "heft", "cp_greedy", "portfolio", "milp", "exhaustive",
+                            "timeslice"}
 
 
 def test_three_devices_work_end_to_end():
