@@ -24,23 +24,6 @@ os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 import numpy as np  # noqa: E402
 
 
-def chain_module(n_ops: int):
-    from tvm import relax
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 16), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            value = x
-            scale, shift = relax.const(np.float32(0.5)), relax.const(np.float32(0.25))
-            for k in range(n_ops):
-                op = relax.op.multiply(value, scale) if k % 2 else relax.op.add(value, shift)
-                value = bb.emit(op, name_hint=f"v{k}")
-            out = bb.emit_output(value)
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def plan_for(graph, devices: list[str]):
     from hetpart.plan import Plan
 
@@ -56,6 +39,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/dispatch_overhead"))
     args = parser.parse_args()
 
+    from hetpart.driver.runtime_overhead import chain_module
     from hetpart.driver.task_runtime import TaskRuntime
     from tvm_passes.extract import extract_op_graph
 

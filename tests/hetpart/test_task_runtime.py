@@ -12,6 +12,7 @@ import pytest
 import hetpart
 from hetpart.errors import InputMismatchError
 from hetpart.plan import Plan
+from tests.hetpart.runtime_cases import random_plan, small_module
 
 pytestmark = pytest.mark.tvm
 
@@ -111,50 +112,9 @@ def test_close_joins_every_worker(runtime):
 
 
 # ------------------------------------------------------------------------------ random plans
-def _small_module():
-    from tvm import relax
-
-    rng = np.random.default_rng(0)
-
-    def const(*shape):
-        return relax.const(rng.standard_normal(shape).astype("float32"))
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 16), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            a = bb.emit(relax.op.matmul(x, const(16, 16)), name_hint="a")
-            b = bb.emit(relax.op.nn.relu(a), name_hint="b")
-            c = bb.emit(relax.op.sigmoid(a), name_hint="c")
-            d = bb.emit(relax.op.matmul(b, const(16, 16)), name_hint="d")
-            e = bb.emit(relax.op.add(c, d), name_hint="e")
-            f = bb.emit(relax.op.tanh(b), name_hint="f")
-            g = bb.emit(relax.op.multiply(e, f), name_hint="g")
-            h = bb.emit(relax.op.concat([g, c, x], axis=1), name_hint="h")
-            i = bb.emit(relax.op.sum(h, axis=[1], keepdims=True), name_hint="i")
-            j = bb.emit(relax.op.add(relax.op.multiply(i, const(1, 1)), x), name_hint="j")
-            out = bb.emit_output(relax.Tuple([h, j]))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def _random_plan(graph, rng, cpu_share: float) -> Plan:
     device_of = ["cpu" if rng.random() < cpu_share else "gpu" for _ in graph.nodes]
-    missing = [len(set(n.inputs)) for n in graph.nodes]
-    users: list[list[int]] = [[] for _ in graph.nodes]
-    for n in graph.nodes:
-        for p in set(n.inputs):
-            users[p].append(n.id)
-    ready, order = [i for i, m in enumerate(missing) if not m], []
-    while ready:
-        v = ready.pop(int(rng.integers(len(ready))))
-        order.append(v)
-        for w in users[v]:
-            missing[w] -= 1
-            if not missing[w]:
-                ready.append(w)
-    return Plan(device_of=device_of, order=order, devices=("cpu", "gpu"), method="random",
-                graph_hash=graph.structure_hash(), level="op").validate(graph)
+    return random_plan(graph, device_of, ("cpu", "gpu"), lambda n: int(rng.integers(n)))
 
 
 def test_random_plans_do_not_deadlock_and_match():
@@ -164,14 +124,14 @@ def test_random_plans_do_not_deadlock_and_match():
     from hetpart.driver.task_runtime import TaskRuntime
     from tvm_passes.extract import extract_op_graph
 
-    graph = extract_op_graph(_small_module(), with_kernels=False)
-    vm = relax.VirtualMachine(tvm.compile(_small_module(), target="llvm"), tvm.cpu(0))
+    graph = extract_op_graph(small_module(), with_kernels=False)
+    vm = relax.VirtualMachine(tvm.compile(small_module(), target="llvm"), tvm.cpu(0))
     rng = np.random.default_rng(11)
     xs = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(6)]
     expected = [[t.numpy() for t in vm["main"](tvm.runtime.tensor(x))] for x in xs]
     for trial in range(6):
         plan = _random_plan(graph, rng, cpu_share=[0.5, 0.2, 0.8][trial % 3])
-        with TaskRuntime.from_module(_small_module(), graph, plan) as rt:
+        with TaskRuntime.from_module(small_module(), graph, plan) as rt:
             outputs, _ = rt.run_many([[x] for x in xs], max_in_flight=1 + trial % 4)
         for ours, ref in zip(outputs, expected):
             assert len(ours) == 2

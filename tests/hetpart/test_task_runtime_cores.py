@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import hetpart
-from hetpart.plan import Plan
+from tests.hetpart.runtime_cases import random_plan, small_module
 
 pytestmark = [pytest.mark.tvm,
               pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a process allowed on two cores")]
@@ -55,33 +55,6 @@ def test_two_cpu_devices_compile_and_run_pinned(compiled):
 
 
 # ------------------------------------------------------------------------------ random pinned plans
-def _module():
-    from tvm import relax
-
-    rng = np.random.default_rng(0)
-
-    def const(*shape):
-        return relax.const(rng.standard_normal(shape).astype("float32"))
-
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, 16), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            a = bb.emit(relax.op.matmul(x, const(16, 16)))
-            b = bb.emit(relax.op.nn.relu(a))
-            c = bb.emit(relax.op.sigmoid(a))
-            d = bb.emit(relax.op.matmul(b, const(16, 16)))
-            e = bb.emit(relax.op.add(c, d))
-            f = bb.emit(relax.op.tanh(b))
-            g = bb.emit(relax.op.multiply(e, f))
-            h = bb.emit(relax.op.concat([g, c, x], axis=1))
-            i = bb.emit(relax.op.sum(h, axis=[1], keepdims=True))
-            j = bb.emit(relax.op.add(relax.op.multiply(i, const(1, 1)), x))
-            out = bb.emit_output(relax.Tuple([h, j]))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 @pytest.fixture(scope="module")
 def small():
     import tvm
@@ -89,8 +62,8 @@ def small():
 
     from tvm_passes.extract import extract_op_graph
 
-    graph = extract_op_graph(_module(), with_kernels=False)
-    vm = relax.VirtualMachine(tvm.compile(_module(), target="llvm"), tvm.cpu(0))
+    graph = extract_op_graph(small_module(), with_kernels=False)
+    vm = relax.VirtualMachine(tvm.compile(small_module(), target="llvm"), tvm.cpu(0))
     rng = np.random.default_rng(3)
     xs = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(8)]
     expected = [[t.numpy() for t in vm["main"](tvm.runtime.tensor(x))] for x in xs]
@@ -101,21 +74,7 @@ def small():
 def pinned_plans(draw, graph):
     """A device per op and a random topological issue order."""
     device_of = [draw(st.sampled_from(["cpu0", "cpu1"])) for _ in graph.nodes]
-    missing = [len(set(n.inputs)) for n in graph.nodes]
-    users: list[list[int]] = [[] for _ in graph.nodes]
-    for n in graph.nodes:
-        for p in set(n.inputs):
-            users[p].append(n.id)
-    ready, order = [i for i, m in enumerate(missing) if not m], []
-    while ready:
-        v = ready.pop(draw(st.integers(0, len(ready) - 1)))
-        order.append(v)
-        for w in users[v]:
-            missing[w] -= 1
-            if not missing[w]:
-                ready.append(w)
-    return Plan(device_of=device_of, order=order, devices=("cpu0", "cpu1"), method="random",
-                graph_hash=graph.structure_hash(), level="op").validate(graph)
+    return random_plan(graph, device_of, ("cpu0", "cpu1"), lambda n: draw(st.integers(0, n - 1)))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -129,7 +88,7 @@ def test_random_pinned_plans_neither_deadlock_nor_change_results(small, data):
     in_flight = data.draw(st.sampled_from([1, 8]))
     devices = [{"name": "cpu0", "kind": "cpu", "cores": [CORES[0]]},
                {"name": "cpu1", "kind": "cpu", "cores": [CORES[1]]}]
-    with TaskRuntime.from_module(_module(), graph, plan, devices=devices) as rt:
+    with TaskRuntime.from_module(small_module(), graph, plan, devices=devices) as rt:
         outputs, latency_us = rt.run_many([[x] for x in xs], max_in_flight=in_flight)
     assert len(latency_us) == len(xs)
     for ours, ref in zip(outputs, expected):
