@@ -308,13 +308,13 @@ def test_gpu_kernel():
 
 
 def test_a_profiler_whose_thread_pool_differs_from_deployments_warns(monkeypatch, caplog):
-    monkeypatch.setattr("predictors.profiling.profiler.deployment_threads", lambda: num_threads() + 1)
+    monkeypatch.setattr("predictors.profiling.profiler.pool_threads_wanted", lambda: num_threads() + 1)
     with caplog.at_level(logging.WARNING, logger="predictors.profiling.profiler"):
         KernelProfiler(canary_size=32)
     assert f"runs {num_threads()} thread(s) but hetpart deployments on this machine run {num_threads() + 1}" \
         in caplog.text
     caplog.clear()
-    monkeypatch.setattr("predictors.profiling.profiler.deployment_threads", num_threads)
+    monkeypatch.setattr("predictors.profiling.profiler.pool_threads_wanted", num_threads)
     with caplog.at_level(logging.WARNING, logger="predictors.profiling.profiler"):
         KernelProfiler(canary_size=32)
     assert "thread(s) but hetpart deployments" not in caplog.text
