@@ -132,7 +132,7 @@ class TaskRuntime:
         self._counter = itertools.count()
         self._closing = False
         for name in names:
-            if not any(f.device == name for f in functions) and name != host:
+            if not any(f.device == name for f in functions) and name != self.host:
                 continue
             worker = _Worker(name, runtime_devices[name], threads.get(name), cores.get(name, ()))
             self._workers[name] = worker

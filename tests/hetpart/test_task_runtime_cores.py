@@ -95,3 +95,19 @@ def test_random_pinned_plans_neither_deadlock_nor_change_results(small, data):
         assert len(ours) == 2
         for a, b in zip(ours, ref):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_plan_with_nothing_on_the_host_still_takes_requests(small):
+    """The host worker receives every request's inputs even when no segment runs on the host."""
+    from hetpart.driver.task_runtime import TaskRuntime
+
+    graph, xs, expected = small
+    plan = random_plan(graph, ["cpu1"] * graph.num_ops, ("cpu0", "cpu1"), lambda n: 0)
+    devices = [{"name": "cpu0", "kind": "cpu", "cores": [CORES[0]]},
+               {"name": "cpu1", "kind": "cpu", "cores": [CORES[1]]}]
+    with TaskRuntime.from_module(small_module(), graph, plan, devices=devices) as rt:
+        assert {f.device for f in rt.program.functions} == {"cpu1"} and set(rt.worker_cores) == {"cpu0", "cpu1"}
+        outputs, _ = rt.run_many([[x] for x in xs[:2]], max_in_flight=2)
+    for ours, ref in zip(outputs, expected):
+        for a, b in zip(ours, ref):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

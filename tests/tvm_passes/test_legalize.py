@@ -98,12 +98,12 @@ def test_stock_pass_lists_get_hetpart_legalization():
     assert replaced[0] is not passes[0] and replaced[1] is passes[1]
 
 
-def _run(mod: tvm.IRModule, pipeline, x: np.ndarray) -> tuple[np.ndarray, float]:
+def _compiled(mod: tvm.IRModule, pipeline, x: np.ndarray):
+    """(the result, a timer of ``main``, its argument)."""
     exe = tvm.compile(mod, target=default_cpu_target(), relax_pipeline=pipeline)
     vm = relax.VirtualMachine(exe, tvm.cpu())
     arg = tvm.runtime.tensor(x, tvm.cpu())
-    timer = vm.time_evaluator("main", tvm.cpu(), number=20, repeat=5)
-    return vm["main"](arg).numpy(), float(np.median(timer(arg).results))
+    return vm["main"](arg).numpy(), vm.time_evaluator("main", tvm.cpu(), number=20, repeat=1), arg
 
 
 def _input(seed: int) -> np.ndarray:
@@ -115,7 +115,7 @@ def _input(seed: int) -> np.ndarray:
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_cpu_pipeline_matches_the_exact_function(op):
     x = _input(0)
-    y, _ = _run(unary_module(op), cpu_pipeline(default_cpu_target()), x)
+    y = _compiled(unary_module(op), cpu_pipeline(default_cpu_target()), x)[0]
     expected = OPS[op][1](x.astype("float64"))
     scale = np.maximum(np.abs(expected), 1.0)                      # relative for large values, absolute near 0
     # softmax sums 1024 float32 terms: TVM's exact softmax is off by the same 4.2e-6 here
@@ -145,8 +145,14 @@ def test_fast_kernels_are_much_faster_than_the_libm_ones(make):
     x = _input(1)
     target = default_cpu_target()
     with one_tvm_thread():
-        ours, ours_s = _run(make(), cpu_pipeline(target), x)
-        stock, stock_s = _run(make(), relax.get_default_pipeline(target), x)
+        ours, ours_timer, arg = _compiled(make(), cpu_pipeline(target), x)
+        stock, stock_timer, _ = _compiled(make(), relax.get_default_pipeline(target), x)
+        # interleaved windows, the fastest of each kept: another process on the core only adds time
+        ours_windows, stock_windows = [], []
+        for _ in range(7):
+            ours_windows.append(float(ours_timer(arg).results[0]))
+            stock_windows.append(float(stock_timer(arg).results[0]))
+        ours_s, stock_s = min(ours_windows), min(stock_windows)
     np.testing.assert_allclose(ours, stock, rtol=2e-6, atol=2e-6)
     # one thread, measured here: GELU 23 vs 1863 µs, sigmoid 22 vs 212 µs; ratios (one run, same process)
     assert ours_s * 5 < stock_s, (ours_s, stock_s)
