@@ -20,10 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetpart.errors import InvalidClusterError, StateLimitError
+from hetpart.errors import StateLimitError
 from hetpart.graph import OpGraph
 from hetpart.training.cluster import Cluster
-from hetpart.training.common import GraphCuts, PlannerConfig, topological_prefix_masks
+from hetpart.training.common import (GraphCuts, PlannerConfig, require_identical_devices,
+                                     topological_prefix_masks)
 from hetpart.training.cost_model import TrainCosts
 from hetpart.training.dp_core import choose_plan, solve_family
 from hetpart.training.stage_plan import StagePlan
@@ -130,9 +131,7 @@ def solve(graph: OpGraph, train_costs: TrainCosts, cluster: Cluster,
           config: AntichainConfig | None = None) -> StagePlan:
     started = time.perf_counter()
     config = AntichainConfig.coerce(config)
-    if not cluster.is_homogeneous:
-        raise InvalidClusterError(f"antichain_dp plans for identical devices; the cluster {cluster.spec!r} mixes "
-                                  f"{list(cluster.presets)}. Use the hetero partitioner for unequal devices")
+    require_identical_devices(cluster, "antichain_dp")
     train_costs.validate(graph)
     cuts = GraphCuts(graph)
     family, info = state_family(graph, config)

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from hetpart.errors import InvalidStagePlanError, StageInfeasibleError
+from hetpart.errors import InvalidClusterError, InvalidStagePlanError, StageInfeasibleError
 from hetpart.graph import OpGraph
 from hetpart.training.cluster import Cluster
 from hetpart.training.cost_model import TrainCosts
@@ -242,3 +242,10 @@ def require_devices(cluster: Cluster, needed: int, method: str) -> None:
     if cluster.size < needed:
         raise StageInfeasibleError(f"{method} needs at least {needed} devices; the cluster {cluster.spec!r} has "
                                    f"{cluster.size}")
+
+
+def require_identical_devices(cluster: Cluster, method: str) -> None:
+    """Raise InvalidClusterError unless every device of ``cluster`` is the same preset (``method`` plans for that)."""
+    if not cluster.is_homogeneous:
+        raise InvalidClusterError(f"{method} plans for identical devices; the cluster {cluster.spec!r} mixes "
+                                  f"{list(cluster.presets)}. Use the hetero partitioner for unequal devices")

@@ -23,7 +23,7 @@ from hetpart.errors import InvalidClusterError, StageInfeasibleError
 from hetpart.graph import OpGraph
 from hetpart.training.antichain_dp import DEFAULT_STATE_LIMIT, AntichainConfig, state_family
 from hetpart.training.cluster import Cluster
-from hetpart.training.common import GraphCuts, PlannerConfig, build_plan
+from hetpart.training.common import GraphCuts, PlannerConfig, build_plan, require_identical_devices
 from hetpart.training.cost_model import TrainCosts
 from hetpart.training.dp_core import StateDP
 from hetpart.training.stage_plan import StagePlan
@@ -52,9 +52,7 @@ def group_devices(names: list[str], groups: int, layout: str) -> list[list[str]]
 def solve(graph: OpGraph, train_costs: TrainCosts, cluster: Cluster, config: GroPipeConfig | None = None) -> StagePlan:
     started = time.perf_counter()
     config = GroPipeConfig.coerce(config)
-    if not cluster.is_homogeneous:
-        raise InvalidClusterError(f"gropipe plans for identical devices; the cluster {cluster.spec!r} mixes "
-                                  f"{list(cluster.presets)}. Use the hetero partitioner for unequal devices")
+    require_identical_devices(cluster, "gropipe")
     train_costs.validate(graph)
     cuts = GraphCuts(graph)
     family, _ = state_family(graph, AntichainConfig(state_limit=config.state_limit))

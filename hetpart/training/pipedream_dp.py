@@ -13,10 +13,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-from hetpart.errors import InvalidClusterError
 from hetpart.graph import OpGraph
 from hetpart.training.cluster import Cluster
-from hetpart.training.common import GraphCuts, PlannerConfig, topological_prefix_masks
+from hetpart.training.common import GraphCuts, PlannerConfig, require_identical_devices, topological_prefix_masks
 from hetpart.training.cost_model import TrainCosts
 from hetpart.training.dp_core import choose_plan, solve_family
 from hetpart.training.stage_plan import StagePlan
@@ -34,9 +33,7 @@ def solve(graph: OpGraph, train_costs: TrainCosts, cluster: Cluster,
           config: PipeDreamConfig | None = None) -> StagePlan:
     started = time.perf_counter()
     config = PipeDreamConfig.coerce(config)
-    if not cluster.is_homogeneous:
-        raise InvalidClusterError(f"pipedream_dp plans for identical devices; the cluster {cluster.spec!r} mixes "
-                                  f"{list(cluster.presets)}. Use the hetero partitioner for unequal devices")
+    require_identical_devices(cluster, "pipedream_dp")
     train_costs.validate(graph)
     cuts = GraphCuts(graph)
     solutions, n_states = solve_family(topological_prefix_masks(graph.num_ops), cuts, train_costs, cluster, config)
