@@ -7,8 +7,10 @@ ONNX
   2. bind the input shapes the user gave (``{"x": (1, 3, 224, 224)}``); an input with symbolic or unknown
      dims and no shape given -> MissingInputShapeError listing every such input and the flag to pass;
   3. list *every* op type no converter exists for, with counts (UnsupportedOpError) — not only the first;
-  4. fold shape-computation chains and Conv+BatchNorm for those fixed shapes with onnxslim;
-  5. ``from_onnx`` with hetpart's LSTM/GRU/RNN converters installed (``tvm_passes.rnn``).
+  4. upgrade an older-opset model whose nodes TVM would convert with a converter made for another op form (e.g.
+     Slice with starts/ends attributes, opset < 10) to the lowest opset where none remain (``tvm_passes.onnx_opsets``);
+  5. fold shape-computation chains and Conv+BatchNorm for those fixed shapes with onnxslim;
+  6. ``from_onnx`` with hetpart's LSTM/GRU/RNN converters installed (``tvm_passes.rnn``); a failure names the node.
 PyTorch
   ``torch.export`` + ``from_exported_program`` with the negative-index ``select.int`` fix (TVM 0.27 turns
   ``y[-1]`` into an out-of-bounds ``take(mode="fast")``).
@@ -34,6 +36,7 @@ import numpy as np
 
 from hetpart.errors import MissingInputShapeError, ModelLoadError, UnsupportedOpError
 from hetpart.graph import TensorSpec
+from tvm_passes import onnx_opsets
 from tvm_passes.pad_columns import COLUMN_MULTIPLE, pad_matmul_columns
 
 log = logging.getLogger(__name__)
@@ -193,6 +196,7 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
     bound = _bind_shapes(path, inputs, input_shapes)
     _install_rnn_converters()
     _check_onnx_ops_supported(model, path)
+    model, upgrade = onnx_opsets.upgrade_for_tvm(model, _onnx_convert_map(), path.name)
     param_inputs = _param_inputs(model)
     try:
         slim = onnxslim.slim(model, input_shapes=[f"{n}:{','.join(map(str, d))}" for n, d in bound.items()])
@@ -201,13 +205,14 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
                              f"{bound}: {exc}") from exc
     dtypes = {n: dt for n, _, dt in inputs}
     try:
-        with rnn_import_options(rnn_options):
+        with rnn_import_options(rnn_options), onnx_opsets.converter_prints_to_log():
             mod = from_onnx(slim, shape_dict={n: list(d) for n, d in bound.items()}, dtype_dict=dtypes,
                             keep_params_in_input=False, sanitize_input_names=False)
     except Exception as exc:
-        raise ModelLoadError(f"{path.name}: TVM's ONNX importer failed ({type(exc).__name__}: {exc})") from exc
+        raise onnx_opsets.import_failure(path.name, slim, exc, upgrade) from exc
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    digest = hashlib.sha256(f"{digest}|{sorted(bound.items())}".encode()).hexdigest()[:16]
+    upgraded_to = f"|opset{upgrade.to_opset}" if upgrade is not None else ""   # the slim file holds the upgrade
+    digest = hashlib.sha256(f"{digest}|{sorted(bound.items())}{upgraded_to}".encode()).hexdigest()[:16]
     slim_digest = digest
     if rnn_options is not None and not rnn_options.is_default:   # another unrolling is another graph
         digest = hashlib.sha256(f"{digest}|{rnn_options}".encode()).hexdigest()[:16]
@@ -223,7 +228,7 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
         mod=_normalize(mod), name=name or path.stem,
         inputs=tuple(TensorSpec(n, bound[n], dtypes[n]) for n, _, _ in inputs),
         output_names=tuple(o.name for o in slim.graph.output), source_hash=digest, source_kind="onnx",
-        param_inputs=param_inputs, onnx_path=slim_path)
+        param_inputs=param_inputs, onnx_path=slim_path, notes=(upgrade.note(),) if upgrade is not None else ())
 
 
 # --------------------------------------------------------------------------------------------------- torch
