@@ -13,11 +13,13 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from hetpart.driver.report_data import ReportData
+from hetpart.driver.report_data import ReportData, fmt_us as _us, md_table
 from hetpart.driver.report_fidelity import task_runtime_section
 from hetpart.driver.report_plots import COPY_COLOUR, DEVICE_COLOURS, gantt_png, graph_png
+from hetpart.driver.report_requests import GANTT_IMAGE, RequestsView, requests_gantt_png, requests_section, \
+    requests_view
 
 log = logging.getLogger(__name__)
 
@@ -108,27 +110,6 @@ def summary(data: ReportData) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- markdown
-def _cell(text: Any) -> str:
-    return str(text).replace("\n", " ").replace("|", "\\|")
-
-
-def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str) -> list[str]:
-    """A GitHub markdown table; ``align`` has one letter per column (``l`` or ``r``); ``|`` in cells is escaped."""
-    if len(align) != len(header):
-        raise ValueError(f"md_table: {len(header)} columns but alignment {align!r}")
-    lines = ["| " + " | ".join(_cell(h) for h in header) + " |",
-             "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
-    for row in rows:
-        if len(row) != len(header):
-            raise ValueError(f"md_table: row {list(row)} has {len(row)} cells; the header has {len(header)}")
-        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
-    return lines
-
-
-def _us(value: float) -> str:
-    return f"{value:,.1f}"
-
-
 def _mb(size_bytes: float) -> str:
     return f"{size_bytes / 1e6:,.2f}"
 
@@ -193,8 +174,12 @@ def _kernel_rows(data: ReportData) -> tuple[list[Any], bool]:
     return sorted(ranked[:MAX_KERNEL_ROWS], key=lambda r: r.op_id), True
 
 
-def markdown(data: ReportData, images: Mapping[str, str], kernels_csv: str | None = None) -> str:
+def markdown(data: ReportData, images: Mapping[str, str], kernels_csv: str | None = None,
+             requests: RequestsView | None = None) -> str:
+    """The report; ``requests``: the plan's many-request simulation (computed here when the plan was made for
+    several requests or by timeslice and it is not given)."""
     s, c, devices = summary(data), copy_counts(data), list(data.plan.devices)
+    requests = requests if requests is not None else requests_view(data)
     lines = [f"# hetpart report: {s['model']}", ""]
     if s["emulated"]:
         lines += ["> **GPU EMULATED.** The GPU part of this executable was compiled for the CPU and runs on the "
@@ -223,6 +208,10 @@ def markdown(data: ReportData, images: Mapping[str, str], kernels_csv: str | Non
     rows.append([f"**hetpart ({s['method']})**", "the chosen plan", f"**{_us(s['makespan_us'])}**", "1.00×"])
     lines += md_table(["plan", "what it does", "predicted latency (µs)", "times the hetpart plan's latency"], rows,
                       "llrr")
+    if requests is not None:
+        lines += ["", f"The plan was made for {requests.n_requests} request{'s' if requests.n_requests > 1 else ''} "
+                  "in flight, not for one inference: see *Many requests in flight* below."]
+        lines += [""] + requests_section(data, requests, images.get("gantt_requests", GANTT_IMAGE))
     lines += ["", "## Work per device", ""]
     lines += md_table(["device", "kernels", "ops", "share of FLOPs", "predicted busy time (µs)",
                        "predicted peak memory (MB)"],
@@ -357,15 +346,22 @@ def markdown_to_html(text: str, title: str) -> str:
 
 
 def write_report(data: ReportData, out_dir: str | Path) -> dict[str, Path]:
-    """Write report.md, report.html, gantt.png, graph.png and kernels.csv into ``out_dir``; returns their paths."""
+    """Write report.md, report.html, gantt.png, graph.png and kernels.csv into ``out_dir``, and gantt_requests.png
+    for a plan made for several requests or by timeslice; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     gantt = gantt_png(data, out / "gantt.png")
     graph = graph_png(data, out / "graph.png")
     kernels = _write_kernels_csv(data, out / "kernels.csv")
-    text = markdown(data, {"gantt": gantt.name, "graph": graph.name}, kernels_csv=kernels.name)
+    requests = requests_view(data)
+    images = {"gantt": gantt.name, "graph": graph.name}
+    written: dict[str, Path] = {}
+    if requests is not None:
+        written["gantt_requests"] = requests_gantt_png(data, requests, out / GANTT_IMAGE)
+        images["gantt_requests"] = GANTT_IMAGE
+    text = markdown(data, images, kernels_csv=kernels.name, requests=requests)
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(markdown_to_html(text, f"hetpart report: {data.graph.name}"))
     log.debug("wrote report.md, report.html, %s, %s and %s in %s", gantt.name, graph.name, kernels.name, out)
     return {"markdown": out / "report.md", "html": out / "report.html", "gantt": gantt, "graph": graph,
-            "kernels": kernels}
+            "kernels": kernels, **written}

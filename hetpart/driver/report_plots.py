@@ -41,7 +41,8 @@ def device_colour(device: str) -> str:
     return DEVICE_COLOURS.get(device, OTHER_DEVICE_COLOUR)
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,7 +51,8 @@ def _pyplot() -> Any:
     return plt
 
 
-def _cost_sources_text(data: "ReportData") -> str:
+def cost_sources_text(data: "ReportData") -> str:
+    """Where each device's costs come from, for a figure's title: ``cpu: predicted, gpu: analytic``."""
     parts = [f"{d}: {'/'.join(sorted(set(data.costs.source[:, j].tolist())))}"
              for j, d in enumerate(data.costs.device_names)]
     return ", ".join(parts)
@@ -61,7 +63,7 @@ def gantt_png(data: "ReportData", path: Path) -> Path:
     """The simulator's predicted timeline of one inference: one row per device, one per copy direction."""
     from matplotlib.patches import Patch
 
-    plt = _pyplot()
+    plt = pyplot()
     links = sorted({e.resource for e in data.timeline.copy_events()})
     rows = list(data.plan.devices) + links
     labels = list(data.plan.devices) + [f"copy {r.replace('->', ' → ')}" for r in links]
@@ -78,7 +80,7 @@ def gantt_png(data: "ReportData", path: Path) -> Path:
     ax.set_xlim(0, max(data.timeline.makespan_us, 1e-3) * 1.01)
     ax.set_title(f"{data.graph.name}: predicted timeline of one inference, {data.plan.method} plan, "
                  f"makespan {data.timeline.makespan_us:,.1f} µs\n"
-                 f"simulated from the cost model ({_cost_sources_text(data)}), not measured", fontsize=10)
+                 f"simulated from the cost model ({cost_sources_text(data)}), not measured", fontsize=10)
     handles = [Patch(color=device_colour(d), label=f"kernel on {d}") for d in data.plan.devices]
     handles.append(Patch(color=COPY_COLOUR, label="copy between devices"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(handles), fontsize=8,
@@ -154,7 +156,7 @@ def _barycentre_order(layers: list[list[int]], preds: Sequence[Sequence[int]]) -
 def _draw_detailed(data: "ReportData", depth: list[int], path: Path) -> Path:
     import networkx as nx
 
-    plt = _pyplot()
+    plt = pyplot()
     graph, device_of = data.graph, data.plan.device_of
     host = data.plan.devices[0]
     levels = max(depth, default=0) + 1
@@ -267,7 +269,7 @@ def op_kind(op: str) -> str:
 def _draw_compact(data: "ReportData", depth: Sequence[int], path: Path) -> Path:
     from matplotlib.patches import FancyBboxPatch
 
-    plt = _pyplot()
+    plt = pyplot()
     graph, device_of = data.graph, data.plan.device_of
     blocks = compact_blocks(data, depth)
     n_bands = max(b.band for b in blocks) + 1

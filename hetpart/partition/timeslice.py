@@ -29,7 +29,9 @@ details the thesis abstract leaves open follow docs/rnn_pipeline.md:
    ``plan.stats["segments"]`` says which segmentation the plan needs.
 
 ``plan.stats`` records the grid, how many cuts were enumerated and simulated, the chosen candidate and the
-published criterion's candidate with their N-request makespan, period and latency percentiles, and the baselines.
+published criterion's candidate with their N-request makespan, period and latency percentiles, the baselines, and
+``candidates``: every distinct candidate simulated, with one request's kernel time on each side of a cut and why it
+was considered (:func:`candidate_table`; the compile report's "Which cut and why" is drawn from it).
 The plan describes one request (the runtime replicates it per request); ``plan.makespan_us`` is, as for every
 method, the one-request simulated makespan. Imports nothing outside the core.
 """
@@ -145,12 +147,21 @@ class _Candidates:
         self.scores: dict[tuple[tuple[int, ...], tuple[int, ...], bool], Score] = {}
 
     # ------------------------------------------------------------------ screening
+    def _inside(self, cuts: np.ndarray) -> np.ndarray:
+        """[cuts, tasks]: True where the task belongs to the cut (runs on the first device)."""
+        return self.slice_of[None, :] < cuts[:, self.pos_of]
+
+    def sides_us(self, cuts: np.ndarray, first: int, inside: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Per cut, one request's summed kernel latencies on the first device (the cut) and on the second (the
+        rest), copies and runtime overhead excluded."""
+        inside = self._inside(cuts) if inside is None else inside
+        return inside @ self.task_cost[first], self.task_cost[1 - first].sum() - inside @ self.task_cost[1 - first]
+
     def screen(self, cuts: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
         """(pipeline estimate of the N-request makespan, published imbalance |T_first - T_second|) per cut."""
         a, b, host, model = first, 1 - first, self.problem.host, self.problem.model
-        inside = self.slice_of[None, :] < cuts[:, self.pos_of]                  # [cuts, tasks]
-        t_a = inside @ self.task_cost[a]
-        t_b = self.task_cost[b].sum() - inside @ self.task_cost[b]
+        inside = self._inside(cuts)
+        t_a, t_b = self.sides_us(cuts, first, inside)
         link = {(a, b): np.zeros(len(cuts)), (b, a): np.zeros(len(cuts))}
         for (task, readers), tdur in self.crossing.items():
             leaves = inside[:, task] & ~inside[:, list(readers)].all(axis=1)
@@ -275,7 +286,10 @@ def search(problem: Problem, grid: SliceGrid) -> tuple[tuple[int, ...], tuple[in
         extremes = [int(np.flatnonzero((cuts == 0).all(axis=1))[0]), int(np.flatnonzero((cuts == full).all(axis=1))[0])]
         for i in dict.fromkeys(picks + balanced + extremes):
             cut = tuple(int(c) for c in cuts[i])
-            info = cut_info(first, cut, estimate_us=float(estimate[i]), imbalance_us=float(imbalance[i]))
+            why = [reason for reason, group in (("every cut" if len(cuts) <= EXACT_CUTS else "estimate", picks),
+                                                ("balance", balanced), ("whole grid", extremes)) if i in group]
+            info = cut_info(first, cut, estimate_us=float(estimate[i]), imbalance_us=float(imbalance[i]),
+                            considered=why)
             score = consider("cut", cands.assignment(cut, first), cands.order, info)
             if i == balanced[0] and (published is None or imbalance[i] < published["imbalance_us"]):
                 published = {**info, **score.to_dict()}
@@ -288,16 +302,18 @@ def search(problem: Problem, grid: SliceGrid) -> tuple[tuple[int, ...], tuple[in
         score, first, cut = best_cut
         for moved in _neighbours(grid, cut, stride)[:REFINE_EVALUATIONS - refined]:
             refined += 1
-            new = consider("cut", cands.assignment(moved, first), cands.order, cut_info(first, moved, refined=True))
+            new = consider("cut", cands.assignment(moved, first), cands.order,
+                           cut_info(first, moved, refined=True, considered=["refinement"]))
             if _better(new, score):
                 best_cut, improved = (new, first, moved), True
                 break
     baselines: dict[str, dict[str, Any]] = {}
     for d in range(2):
         label = f"all_{names[d]}"
-        baselines[label] = consider(label, single_device_assignment(problem, d), range(problem.n), {}).to_dict()
+        baselines[label] = consider(label, single_device_assignment(problem, d), range(problem.n),
+                                    {"considered": ["baseline"]}).to_dict()
     cp_dev, cp_order, _, _ = cp_greedy.search(problem)
-    baselines["cp_greedy"] = consider("cp_greedy", cp_dev, cp_order, {}).to_dict()
+    baselines["cp_greedy"] = consider("cp_greedy", cp_dev, cp_order, {"considered": ["baseline"]}).to_dict()
     best = tried[0]
     for entry in tried[1:]:
         if _better(entry[0], best[0]):
@@ -311,12 +327,57 @@ def search(problem: Problem, grid: SliceGrid) -> tuple[tuple[int, ...], tuple[in
              "refine_evaluations": refined, "chosen": {"candidate": label, **chosen},
              "best_cut": {**_describe(grid, names, first, cut), **cut_score.to_dict()},
              "published_criterion": published, "baselines": baselines,
-             "shortlist": [{"candidate": t[1], **t[4]} for t in ranked[:8]]}
+             "shortlist": [{"candidate": t[1], **t[4]} for t in ranked[:8]],
+             "candidates": candidate_table(cands, tried, _row_key(label, chosen), published)}
     notes = [_note(label, chosen, published, baselines, cands.n_requests, grid)]
     if stride > 1:
         notes.append(f"timeslice: the grid has more than {MAX_CUTS} cuts per device order; enumerated every cut at a "
                      f"stride of {stride} slices, then refined by one-slice moves")
     return dev, order, stats, notes
+
+
+CONSIDERED = {"every cut": "every cut is simulated (few cuts)",
+              "estimate": "among the best pipeline estimates of its device order",
+              "balance": "among the most balanced cuts (the published criterion)",
+              "whole grid": "the whole grid on one device",
+              "refinement": "a one-slice move from the best cut",
+              "baseline": "a baseline plan competing with the cuts"}
+
+
+def _row_key(label: str, info: Mapping[str, Any]) -> tuple[Any, ...]:
+    return label, info.get("first_device"), tuple(info.get("cut", ())), info.get("segments")
+
+
+def candidate_table(cands: _Candidates, tried: Sequence[tuple[Score, str, tuple[int, ...], tuple[int, ...],
+                                                              dict[str, Any]]],
+                    chosen_key: tuple[Any, ...], published: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every distinct candidate simulated (cuts per segmentation, and the baselines), smallest N-request makespan
+    first: its simulated figures, why it was considered (keys of ``CONSIDERED``), and for a cut one request's
+    summed kernel latencies on each side (``first_us``: the cut's device, ``second_us``: the rest's), their
+    difference ``imbalance_us`` and the pipeline estimate; ``chosen`` and ``published`` mark the plan's candidate
+    and the published criterion's cut. Bookkeeping only: the choice is made in :func:`search`."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for _score, label, _dev, _order, info in tried:
+        key = _row_key(label, info)
+        if key in rows:
+            rows[key]["considered"] = list(dict.fromkeys(rows[key]["considered"] + list(info["considered"])))
+        else:
+            rows[key] = {"candidate": label, **{k: v for k, v in info.items() if k != "refined"},
+                         "considered": list(info["considered"])}
+    names = cands.problem.names
+    for first in range(2):
+        cut_rows = [r for r in rows.values() if r["candidate"] == "cut" and r["first_device"] == names[first]]
+        if cut_rows:
+            cuts = np.array([r["cut"] for r in cut_rows], dtype=np.int64)
+            estimate, imbalance = cands.screen(cuts, first)
+            first_us, second_us = cands.sides_us(cuts, first)
+            for r, *values in zip(cut_rows, first_us, second_us, imbalance, estimate):
+                r.update(zip(("first_us", "second_us", "imbalance_us", "estimate_us"), map(float, values)))
+    for key, row in rows.items():
+        row["chosen"] = key == chosen_key
+        row["published"] = row["candidate"] == "cut" and row["first_device"] == published["first_device"] \
+            and list(row["cut"]) == list(published["cut"])
+    return sorted(rows.values(), key=lambda r: (r["makespan_us"], r["latency_p99_us"]))
 
 
 def _note(label: str, chosen: Mapping[str, Any], published: Mapping[str, Any], baselines: Mapping[str, Any],
