@@ -21,10 +21,14 @@ admission, in two admission regimes: all R requests waiting at t = 0 (``batch``)
 device (``closed``: a completion admits the next).
 
     python benchmarks/rnn_pipeline.py        # writes benchmarks/results/rnn_pipeline.json and rnn_pipeline/README.md
+
+``--measured``: the timeslice plan run by the task runtime on two one-core CPU devices instead
+(``rnn_pipeline_measured.py``; ``--measured --help``); each keeps the other's section of the README.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import platform
@@ -316,10 +320,26 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
                          f"{a['closed']['p99_us'] / 1e3:,.2f} |")
         lines.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines) + _measured_module().kept_section(path))   # keep the measured section
+
+
+def _measured_module() -> Any:
+    """``rnn_pipeline_measured.py`` next to this file (the measured benchmark, ``--measured``)."""
+    spec = importlib.util.spec_from_file_location("rnn_pipeline_measured", Path(__file__).with_name(
+        "rnn_pipeline_measured.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("hetpart", "predictors", "tvm_passes"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if "--measured" in argv:     # the timeslice plan run by the task runtime (rnn_pipeline_measured.py)
+        return _measured_module().main([a for a in argv if a != "--measured"], RnnConfig, build_onnx, RESULTS)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default=",".join(PRESETS))
     parser.add_argument("--requests", default="1,16,64")
@@ -336,9 +356,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default="rnn_pipeline")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("hetpart", "predictors", "tvm_passes"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     started = time.time()
     presets = [p for p in args.presets.split(",") if p]
     counts = [int(n) for n in args.requests.split(",")]
@@ -381,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          "best_single_makespan_us": best_single,
                                          "hoisted_best_single_makespan_us": hoisted_single[(preset, overhead, n)]})
                 logger.info("ablation %s k=%d %s overhead %.0f us done", projection, k, preset, overhead)
-    meta = {"command": "python benchmarks/rnn_pipeline.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
+    meta = {"command": "python benchmarks/rnn_pipeline.py " + " ".join(shlex.quote(a) for a in argv),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node() or "unknown",
             "wall_s": time.time() - started, "overhead_us": args.overhead_us, "presets": presets,
             "requests": counts, "base": base.name, "slice_steps": args.slice_steps,

@@ -16,6 +16,9 @@ The cycle check keeps a topological numbering of the segments up to date as edge
 "A dynamic topological sort algorithm for directed acyclic graphs", ACM JEA 11, 2006), so only the segments
 numbered between the two ends of a new edge are searched.
 
+``expand_segmentation`` maps a segmentation of a kernel-level plan (e.g. the time-slice method's one segment per
+slice task) to the op level the task runtime builds.
+
 Imports numpy/scipy/networkx only (core rule); this module needs none of them.
 """
 from __future__ import annotations
@@ -332,6 +335,32 @@ def describe_segments(graph: OpGraph, groups: Sequence[Sequence[int]], devices: 
             outputs=tuple(op for op in ops if leaves[op])))
     edges = tuple(sorted({(inp.segment, s.id) for s in segments for inp in s.inputs}))
     return Segmentation(tuple(segments), segment_of, edges, graph_hash=graph.structure_hash())
+
+
+def expand_segmentation(segmentation: Segmentation, kernels: OpGraph, ops: OpGraph,
+                        op_plan: Plan | None = None) -> Segmentation:
+    """A kernel-level ``segmentation`` of ``kernels`` (``ops.kernel_graph()``) at the op level: every kernel's member
+    ops (``tags["op_ids"]``) in its segment, on its device, listed in ``op_plan``'s order (else by op id).
+
+    Segment ids are kept: an edge between ops of two kernels is an edge between those kernels, so the op-level
+    segment graph is a subgraph of the kernel-level one and its topological numbering still holds."""
+    if kernels.level != "kernel" or ops.level != "op":
+        raise InvalidPlanError(f"expand_segmentation maps a kernel-level segmentation to ops; found graph levels "
+                               f"{kernels.level!r} and {ops.level!r} (pass the kernel graph, then the op graph)")
+    if len(segmentation.segment_of) != kernels.num_ops:
+        raise InvalidPlanError(f"the segmentation covers {len(segmentation.segment_of)} kernels but the kernel graph "
+                               f"has {kernels.num_ops}; segment the plan of this kernel graph")
+    position = {op: k for k, op in enumerate(op_plan.order)} if op_plan is not None else {}
+    groups: list[list[int]] = []
+    for seg in segmentation.segments:
+        members = [op for k in seg.op_ids for op in kernels.nodes[k].tags.get("op_ids", [k])]
+        groups.append(sorted(members, key=lambda op: (position.get(op, op), op)))
+    covered = sorted(op for group in groups for op in group)
+    if covered != list(range(ops.num_ops)):
+        raise InvalidPlanError(f"the kernels' member ops cover {len(covered)} op ids, not each of the op graph's "
+                               f"{ops.num_ops} ops once; pass the op graph these kernels were fused from")
+    expanded = describe_segments(ops, groups, [s.device for s in segmentation.segments])
+    return expanded.validate(ops, op_plan)
 
 
 def segment_plan(graph: OpGraph, plan: Plan, merge: bool = True) -> Segmentation:

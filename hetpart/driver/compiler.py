@@ -18,7 +18,7 @@ import numpy as np
 
 from hetpart.costs import CostTable
 from hetpart.driver.device_choice import DEFAULT_DEVICES, DeviceChoice, parse_devices
-from hetpart.errors import DegeneratePlanWarning, InvalidPlanError
+from hetpart.errors import DegeneratePlanWarning, InvalidPlanError, UsageError
 from hetpart.graph import OpGraph
 from hetpart.plan import Plan, Timeline
 
@@ -132,28 +132,42 @@ def _simulate_baselines(graph: OpGraph, costs: CostTable, config) -> dict[str, f
     return out
 
 
-def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, choice: DeviceChoice, emulate: bool,
-                    tuning_database: Path | None) -> Any:
-    """The op-level plan cut into segments (:func:`hetpart.segments.segment_plan`), each one function of one
-    executable for the task runtime."""
-    from hetpart.segments import segment_plan
+def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, graph: OpGraph, plan: Plan, choice: DeviceChoice,
+                    emulate: bool, tuning_database: Path | None) -> Any:
+    """The plan's segments (:func:`hetpart.driver.task_segments.runtime_segmentation`: one per time-slice task for a
+    plan that needs it, else :func:`hetpart.segments.segment_plan`), each one function of one executable for the task
+    runtime."""
+    from hetpart.driver.task_segments import runtime_segmentation
     from tvm_passes.segment_build import build_segments
 
     gpus = [d.name for d in choice.devices.devices if d.kind == "gpu"]
     devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in choice.devices.devices]
     gpu_target = dict(choice.devices.device(gpus[0]).target) if gpus else None
-    return build_segments(mod, segment_plan(op_graph, op_plan), gpus, emulate_gpu=emulate,
+    segmentation = runtime_segmentation(op_graph, op_plan, graph, plan)
+    return build_segments(mod, segmentation, gpus, emulate_gpu=emulate,
                           tuning_database=tuning_database, devices=devices, gpu_target=gpu_target)
 
 
 def _predict_task_runtime(graph: OpGraph, costs: CostTable, plan: Plan, choice: DeviceChoice,
                           segments: int) -> dict[str, Any]:
-    """The task runtime's predicted figures, with its overhead per segment measured here now."""
+    """The task runtime's predicted figures, with its overhead per segment measured here now, simulated with the
+    segments the runtime runs (one per time-slice task for a plan that needs it)."""
     from hetpart.driver.report_fidelity import device_dicts, predict_task_runtime
     from hetpart.driver.runtime_overhead import measure_dispatch_overhead
+    from hetpart.driver.task_segments import kernel_segmentation
+    from hetpart.simulate_requests import simulate_requests
 
     overhead = measure_dispatch_overhead(device_dicts(choice.devices))
-    return predict_task_runtime(graph, costs, plan, overhead, segments)
+    predicted = predict_task_runtime(graph, costs, plan, overhead, segments)
+    per_task = kernel_segmentation(graph, plan)
+    if per_task is not None:      # predict_task_runtime simulates segment_plan's segments; re-simulate with the tasks
+        model = overhead.runtime_model(costs.device_names)
+        one = simulate_requests(graph, costs, plan, n_requests=1, runtime=model, segmentation=per_task)
+        many = simulate_requests(graph, costs, plan, n_requests=int(predicted["requests"]), runtime=model,
+                                 segmentation=per_task)
+        predicted.update(one_request_us=one.makespan_us, period_us=many.period_us,
+                         p50_latency_us=float(np.median(many.latency_us)))
+    return predicted
 
 
 def _given_plan(plan: str | Path | Plan | None, devices: str | Sequence[str] | None) -> tuple[Plan | None, DeviceChoice]:
@@ -188,6 +202,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
             size: int | None = None, cpu_predictor: str | Path | None = None, emulate_gpu: bool | None = None,
             output_dir: str | Path | None = None, overwrite: bool = False, segments: bool = False,
             requests: int | None = None, slice_steps: int | None = None, rnn_projection: str | None = None,
+            partition_options: Mapping[str, Any] | None = None,
             progress: Callable[[str], None] | None = None) -> CompiledModel:
     """Compile ``model`` (ONNX path, zoo name, or torch.nn.Module + ``example_inputs``) for a CPU+GPU machine.
 
@@ -198,7 +213,10 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     also builds the plan's segments for the task runtime (``hetpart.load(dir, mode="tasks")``; GPU emulated only).
     ``requests``, ``slice_steps``: the ``timeslice`` method's requests in flight and steps per time slice;
     ``rnn_projection="per_slice"`` imports ONNX RNNs with one input projection per ``slice_steps`` steps
-    (``tvm_passes.rnn``). Every argument is checked before the model is imported."""
+    (``tvm_passes.rnn``). ``partition_options``: further :class:`hetpart.partition.PartitionConfig` options, e.g.
+    ``{"timeslice_segments": "slices", "dispatch_overhead_us_by_device": {...}}`` (a ``timeslice`` plan may then run
+    one segment per slice task; ``segments=True`` builds those). Every argument is checked before the model is
+    imported."""
     from tvm_passes import sources
     from hetpart.driver.output_dir import check_writable
     from hetpart.partition import DEFAULT_METHOD, PartitionConfig, explain, get_method
@@ -225,7 +243,11 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     method = method or DEFAULT_METHOD
     solve = get_method(method)
     timeslice = {k: v for k, v in (("requests", requests), ("slice_steps", slice_steps)) if v is not None}
-    config = PartitionConfig(pins=dict(pins or {}), **timeslice)
+    given = {"pins": dict(pins or {}), **timeslice}
+    twice = sorted(set(given) & set(partition_options or {}))
+    if twice:
+        raise UsageError(f"partition_options repeats {twice}, which compile() takes as arguments; give each once")
+    config = PartitionConfig.coerce({**given, **dict(partition_options or {})})
     rnn_options = None if rnn_projection is None else RnnImportOptions(rnn_projection, slice_steps or 1)
     given_plan, choice = _given_plan(plan, devices)
     if output_dir is not None:
@@ -278,7 +300,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     segment_build = task_runtime = None
     if segments:
         say("building the plan's segments for the task runtime")
-        segment_build = _build_segments(imported.mod, op_graph, op_plan, choice, emulate,
+        segment_build = _build_segments(imported.mod, op_graph, op_plan, graph, chosen, choice, emulate,
                                         tuning if has_database(tuning) else None)
     lap("build")
     if segment_build is not None and len(choice.devices.names) > 1:
@@ -290,7 +312,9 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
               "onnx_path": str(imported.onnx_path) if imported.onnx_path else None,
               "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in imported.inputs],
               "devices": choice.devices.to_dict(), "method": chosen.method, "emulated": built.manifest.emulated,
-              "import_notes": list(imported.notes), "cost_notes": cost_notes}
+              "import_notes": list(imported.notes), "cost_notes": cost_notes,
+              "rnn_options": None if rnn_options is None else {"input_projection": rnn_options.input_projection,
+                                                               "slice_steps": rnn_options.slice_steps}}
     result = CompiledModel(name=imported.name, op_graph=op_graph, graph=graph, costs=costs, plan=chosen,
                            op_plan=op_plan, timeline=timeline, baselines_us=baselines, build=built, why=why,
                            source=source, seconds=seconds, segments=segment_build, task_runtime=task_runtime)

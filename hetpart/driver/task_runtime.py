@@ -7,8 +7,9 @@
 
 What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model.md):
 
-- the op-level plan is cut by ``hetpart.segments.segment_plan``; every segment is one Relax function of ONE
-  executable (``tvm_passes.segment_build``; GPU segments compiled for CUDA form a second one);
+- the op-level plan is cut by ``hetpart.segments.segment_plan`` or as given (a time-slice plan: one segment per
+  (layer, slice) task, ``hetpart.driver.task_segments``); every segment is one Relax function of ONE executable
+  (``tvm_passes.segment_build``; GPU segments compiled for CUDA form a second one);
 - one worker thread per device owns its own ``relax.VirtualMachine`` (created in that thread: a VM must never be
   called from two threads; the Executable is shared). Without CUDA the GPU is emulated by ``tvm.cpu(1)``; with
   CUDA the GPU worker runs on its own stream and synchronises it at the end of every segment, so consumers on
@@ -36,7 +37,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
@@ -44,6 +45,9 @@ from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, Usa
 from hetpart.driver.inputs import check_inputs
 from hetpart.threads import ensure_tvm_threads
 from tvm_passes.thread_pool import configure_pool
+
+if TYPE_CHECKING:
+    from hetpart.segments import Segmentation
 
 log = logging.getLogger(__name__)
 
@@ -152,15 +156,17 @@ class TaskRuntime:
     @classmethod
     def from_module(cls, mod: Any, graph: Any, plan: Any, *, gpu_devices: Sequence[str] = ("gpu",),
                     tuning_database: Any = None, devices: Sequence[Mapping[str, Any]] = (),
-                    **kwargs: Any) -> "TaskRuntime":
-        """Segment the op-level ``plan`` of ``graph`` (the OpGraph of ``mod["main"]``), build and start."""
+                    segmentation: Segmentation | None = None, **kwargs: Any) -> "TaskRuntime":
+        """Build the segments of the op-level ``plan`` of ``graph`` (the OpGraph of ``mod["main"]``) and start.
+        ``segmentation``: the op-level segments to run (checked against the graph and plan), e.g. one per time-slice
+        task (``hetpart.driver.task_segments.runtime_segmentation``); by default ``segment_plan(graph, plan)``."""
         from hetpart.segments import segment_plan
         from tvm_passes.segment_build import build_segments
 
         if plan.level != "op":
             raise InvalidPlanError(f"the task runtime segments an op-level plan; found level={plan.level!r} "
                                    "(expand a kernel plan with hetpart.driver.compiler.expand_plan)")
-        segmentation = segment_plan(graph, plan)
+        segmentation = segment_plan(graph, plan) if segmentation is None else segmentation.validate(graph, plan)
         return cls(build_segments(mod, segmentation, gpu_devices, tuning_database=tuning_database,
                                   devices=devices), **kwargs)
 
@@ -168,7 +174,9 @@ class TaskRuntime:
     def from_compiled(cls, compiled: Any, module: Any = None, **kwargs: Any) -> "TaskRuntime":
         """A task runtime for a :class:`hetpart.driver.compiler.CompiledModel` (its op-level plan). ``module`` is
         the imported Relax module it was compiled from; by default it is re-imported from the ONNX file the
-        compile recorded, and refused unless its op graph is the compiled one."""
+        compile recorded, and refused unless its op graph is the compiled one. The segments are the plan's
+        (``hetpart.driver.task_segments.runtime_segmentation``: one per time-slice task for a plan that needs it)."""
+        from hetpart.driver.task_segments import runtime_segmentation
         from tvm_passes.extract import extract_op_graph
 
         if module is None:
@@ -176,18 +184,22 @@ class TaskRuntime:
             if not onnx_path:
                 raise UsageError("this model was not compiled from an ONNX file; pass the imported module "
                                  "(tvm_passes.sources.import_model(...).mod) as module=")
+            from tvm_passes.rnn import RnnImportOptions
             from tvm_passes.sources import import_model
 
             shapes = {str(i["name"]): list(i["shape"]) for i in compiled.source["inputs"]}
-            module = import_model(onnx_path, input_shapes=shapes).mod
+            rnn = compiled.source.get("rnn_options")
+            module = import_model(onnx_path, input_shapes=shapes,
+                                  rnn_options=RnnImportOptions(**rnn) if rnn else None).mod
         found = extract_op_graph(module, with_kernels=False).structure_hash()
         if found != compiled.op_graph.structure_hash():
             raise InvalidPlanError(f"the module's op graph ({found}) is not the one compiled "
                                    f"({compiled.op_graph.structure_hash()}); pass the module it was compiled from")
         gpus = [d.name for d in compiled.costs.devices.devices if d.kind == "gpu"]
         devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in compiled.costs.devices.devices]
+        segmentation = runtime_segmentation(compiled.op_graph, compiled.op_plan, compiled.graph, compiled.plan)
         return cls.from_module(module, compiled.op_graph, compiled.op_plan, gpu_devices=gpus, devices=devices,
-                               **kwargs)
+                               segmentation=segmentation, **kwargs)
 
     # ------------------------------------------------------------------ public API
     @property
