@@ -1,8 +1,10 @@
 """The model zoo: names, published reference figures, and ``build_torch``.
 
 Every model is built with deterministic random weights (seed :data:`WEIGHT_SEED`, see
-:mod:`models.init_weights`); there are no pretrained weights. ``size`` means the image side H = W for CNNs and the
-sequence length for the language models and the encoder.
+:mod:`models.init_weights`); there are no pretrained weights. ``size`` is the one free input dimension besides the
+batch: the image side H = W for the ImageNet CNNs and the detector, the sequence length for the language models and
+the encoder, the number of samples / frames for the audio models and the image width for the text recogniser
+(``ModelInfo.size_meaning`` says which). ``ModelInfo.layout`` places the batch and the size in the input shape.
 
 This module imports torch lazily: the zoo's metadata (``ZOO``, ``list_models``) and cache hits of
 :func:`models.build_onnx` work without torch installed; building a model needs it.
@@ -26,6 +28,18 @@ PTB_SEQ_LEN = 35
 BERT_VOCAB = 30_522
 BERT_MAX_POSITIONS = 512
 
+# Architecture classes: "cnn" convolutions only; "rnn" recurrent layers on an input laid out [sequence, batch, ...];
+# "crnn" a convolutional front end feeding recurrent layers (batch-first input); "transformer". models/export.py
+# keeps BatchNormalization as separate ONNX nodes for "cnn" and folds constants for the others (which folds the
+# exporter's re-ordering of RNN gate weights into the weights).
+KINDS = ("cnn", "rnn", "crnn", "transformer")
+BATCH, SIZE = "batch", "size"
+Layout = tuple[int | str, ...]
+# Input layouts of the kinds whose models share one (a model may give its own ``input_layout`` instead).
+KIND_LAYOUTS: dict[str, Layout] = {"cnn": (BATCH, 3, SIZE, SIZE), "rnn": (SIZE, BATCH), "transformer": (BATCH, SIZE)}
+KIND_SIZE_MEANINGS = {"cnn": "image side", "rnn": "sequence length", "crnn": "sequence length",
+                      "transformer": "sequence length"}
+
 _TORCHVISION_TABLE = ("torchvision model table (pytorch.org/vision/stable/models.html, 'Table of all available "
                       "classification weights': Params, GFLOPS = GMACs at 224x224, batch 1) for {}")
 
@@ -34,9 +48,13 @@ _TORCHVISION_TABLE = ("torchvision model table (pytorch.org/vision/stable/models
 class ModelInfo:
     """What the zoo knows about one model.
 
-    ``input_shape(batch, size)`` gives the single input's shape; ``published_params`` / ``published_gmacs`` are
-    reference figures (multiply-accumulates in 1e9, at ``default_size`` and batch 1) with ``citation``; None when
-    no published figure applies to this exact configuration. ``vocab_size`` is set for token-id inputs.
+    ``input_shape(batch, size)`` gives the single input's shape from ``layout``: ``input_layout`` when given, a
+    template of ints and the placeholders :data:`BATCH` (exactly once) and :data:`SIZE` (at least once), e.g.
+    ``("batch", 1, "size", 161)``; else the layout of ``kind`` (:data:`KIND_LAYOUTS`). ``size_name`` says what
+    ``size`` is (default from ``kind``); sizes must be multiples of ``size_multiple``. ``published_params`` /
+    ``published_gmacs`` are reference figures (multiply-accumulates in 1e9, at ``default_size`` and batch 1) with
+    ``citation``; None when no published figure applies to this exact configuration. ``vocab_size`` is set for
+    token-id inputs.
     """
 
     name: str
@@ -54,6 +72,24 @@ class ModelInfo:
     citation: str
     vocab_size: int | None
     constructor: str
+    input_layout: Layout | None = None
+    size_name: str | None = None
+    size_multiple: int = 1
+
+    def __post_init__(self) -> None:
+        where = f"zoo model {self.name!r}"
+        if self.kind not in KINDS:
+            raise ModelLoadError(f"{where}: kind must be one of {KINDS}, found {self.kind!r}; fix its ModelInfo")
+        if self.input_layout is None and self.kind not in KIND_LAYOUTS:
+            raise ModelLoadError(f"{where}: kind {self.kind!r} has no default input layout; give input_layout")
+        layout = self.layout
+        bad = [d for d in layout if d not in (BATCH, SIZE) and not (type(d) is int and d >= 1)]
+        if bad or layout.count(BATCH) != 1 or SIZE not in layout:
+            raise ModelLoadError(f"{where}: input_layout must hold {BATCH!r} once, {SIZE!r} at least once and "
+                                 f"positive ints otherwise, found {layout}; fix its ModelInfo")
+        if self.size_multiple < 1 or self.min_size % self.size_multiple or self.default_size % self.size_multiple:
+            raise ModelLoadError(f"{where}: min_size {self.min_size} and default_size {self.default_size} must be "
+                                 f"multiples of size_multiple {self.size_multiple}; fix its ModelInfo")
 
     def construct(self) -> "nn.Module":
         """A fresh module with torch's default initialisation (``constructor`` is ``"<module>:<function>"`` in
@@ -61,14 +97,25 @@ class ModelInfo:
         module_name, function_name = self.constructor.split(":")
         return getattr(importlib.import_module(f"{__package__}.{module_name}"), function_name)()
 
+    @property
+    def layout(self) -> Layout:
+        """The input shape template: ``input_layout``, or the layout of ``kind``."""
+        return tuple(self.input_layout) if self.input_layout is not None else KIND_LAYOUTS[self.kind]
+
+    @property
+    def batch_axis(self) -> int:
+        """The input axis that holds the samples (1 for the language models' [sequence, batch], usually 0)."""
+        return self.layout.index(BATCH)
+
+    @property
+    def size_meaning(self) -> str:
+        """What ``size`` is for this model: "image side", "sequence length", "image width", ..."""
+        return self.size_name or KIND_SIZE_MEANINGS[self.kind]
+
     def input_shape(self, batch: int = 1, size: int | None = None) -> tuple[int, ...]:
         """Shape of the model input for ``batch`` and ``size`` (default size when None)."""
         size = self.default_size if size is None else size
-        if self.kind == "cnn":
-            return (batch, 3, size, size)
-        if self.kind == "rnn":
-            return (size, batch)
-        return (batch, size)
+        return tuple(batch if d == BATCH else size if d == SIZE else int(d) for d in self.layout)
 
     @property
     def default_input_shape(self) -> tuple[int, ...]:
@@ -131,6 +178,49 @@ ZOO: dict[str, ModelInfo] = {info.name: info for info in (
               citation="Turc et al. 2019, 'Well-Read Students Learn Better' (BERT-Mini: L=4, H=256, A=4); "
                        "Devlin et al. 2019 for the layer structure", vocab_size=BERT_VOCAB,
               constructor="bert:bert_small"),
+    ModelInfo(name="conv1d_audio", family="crepe", kind="cnn",
+              description="CREPE-style pitch tracker, 1-D convs as Conv2d (k, 1) on N x 1 x T x 1 raw audio: "
+                          "(512, 1) conv 256 maps, (5, 1) conv 512 maps, four (64, 1) convs, 360 pitch bins",
+              input_name="audio", input_dtype="float32", output_name="pitch_activations", default_size=1024,
+              min_size=1024, max_size=None, published_params=None, published_gmacs=None,
+              citation="Kim et al. 2018, 'CREPE: A Convolutional Representation for Pitch Estimation' (scaled "
+                       "down; conv-stack block as in the Tacotron 2 encoder, Shen et al. 2018)", vocab_size=None,
+              constructor="conv1d_audio:conv1d_audio", input_layout=(BATCH, 1, SIZE, 1),
+              size_name="number of audio samples"),
+    ModelInfo(name="crnn_ocr", family="crnn", kind="crnn",
+              description="CRNN text recogniser: 7-conv VGG-style stack on a 32 x W grey image -> W/4 + 1 columns "
+                          "-> 2-layer bidirectional LSTM(256) -> Linear(512, 37)",
+              input_name="image", input_dtype="float32", output_name="logits", default_size=128, min_size=8,
+              max_size=None, published_params=None, published_gmacs=None,
+              citation="Shi, Bai & Yao 2017, 'An End-to-End Trainable Neural Network for Image-based Sequence "
+                       "Recognition and Its Application to Scene Text Recognition' (Table 1)", vocab_size=None,
+              constructor="crnn_ocr:crnn_ocr", input_layout=(BATCH, 1, 32, SIZE), size_name="image width"),
+    ModelInfo(name="yolo_detector", family="yolox", kind="cnn",
+              description="YOLOX-Nano detector: Focus stem, CSP-Darknet (depth 0.33, width 0.25, depthwise), PAN "
+                          "neck, decoupled heads; raw predictions [N, anchors, 85], no NMS",
+              input_name="images", input_dtype="float32", output_name="predictions", default_size=416,
+              min_size=64, max_size=None, published_params=None, published_gmacs=None,
+              citation="Ge et al. 2021, 'YOLOX: Exceeding YOLO Series in 2021' (YOLOX-Nano; the README's 0.91M "
+                       "params / 1.08 GFLOPs are rounded, and its GFLOPs are 2 x thop's count, BatchNorm included)",
+              vocab_size=None, constructor="yolo_detector:yolo_detector", size_multiple=32),
+    ModelInfo(name="gru_audio", family="conv_gru", kind="crnn",
+              description="Noise suppressor: three 3x3 convs on a 1 x T x 161 spectrogram -> 2-layer GRU(256) -> "
+                          "Linear(256, 161) sigmoid gains per frame",
+              input_name="spectrogram", input_dtype="float32", output_name="mask", default_size=100, min_size=1,
+              max_size=None, published_params=None, published_gmacs=None,
+              citation="Amodei et al. 2016, 'Deep Speech 2' (conv front end on 161-bin spectrograms, GRU layers), "
+                       "scaled down; gain-mask head as in Valin 2018, RNNoise", vocab_size=None,
+              constructor="gru_audio:gru_audio", input_layout=(BATCH, 1, SIZE, 161),
+              size_name="number of spectrogram frames"),
+    ModelInfo(name="lstm_speaker", family="ge2e", kind="rnn",
+              description="GE2E speaker encoder: 3-layer LSTM(256) over [T, N, 40] mel frames -> Linear(256, 256) "
+                          "ReLU of the last hidden state -> L2-normalised embedding",
+              input_name="mels", input_dtype="float32", output_name="embedding", default_size=160, min_size=1,
+              max_size=None, published_params=None, published_gmacs=None,
+              citation="Wan et al. 2018, 'Generalized End-to-End Loss for Speaker Verification'; sizes of the "
+                       "Real-Time-Voice-Cloning encoder (Jemine 2019)", vocab_size=None,
+              constructor="lstm_speaker:lstm_speaker", input_layout=(SIZE, BATCH, 40),
+              size_name="number of mel frames"),
 )}
 
 
@@ -155,11 +245,12 @@ def check_shape_args(info: ModelInfo, batch: int, size: int | None) -> int:
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
         raise ModelLoadError(f"batch must be a positive int, got {batch!r}; pass e.g. batch=1")
     upper = info.max_size if info.max_size is not None else float("inf")
-    if not isinstance(size, int) or isinstance(size, bool) or not info.min_size <= size <= upper:
-        what = "image side" if info.kind == "cnn" else "sequence length"
+    if (not isinstance(size, int) or isinstance(size, bool) or not info.min_size <= size <= upper
+            or size % info.size_multiple):
+        multiple = f" and a multiple of {info.size_multiple}" if info.size_multiple > 1 else ""
         raise ModelLoadError(
-            f"{info.name}: {what} must be an int in [{info.min_size}, {info.max_size or 'inf'}], got {size!r}; "
-            f"pass size=None for the default {info.default_size}")
+            f"{info.name}: {info.size_meaning} must be an int in [{info.min_size}, {info.max_size or 'inf'}]"
+            f"{multiple}, got {size!r}; pass size=None for the default {info.default_size}")
     return size
 
 
@@ -167,9 +258,9 @@ def build_torch(name: str, batch: int = 1,
                 size: int | None = None) -> tuple["nn.Module", tuple["torch.Tensor", ...]]:
     """Build zoo model ``name`` as a torch module in eval mode with seeded random weights, plus example inputs.
 
-    The example input has shape ``ZOO[name].input_shape(batch, size)``: float32 N(0, 1) images for CNNs, uniform
-    random token ids for the language models and the encoder (seed :data:`INPUT_SEED`). The module itself works
-    for any batch and size in range; ``batch`` and ``size`` only shape the example input.
+    The example input has shape ``ZOO[name].input_shape(batch, size)``: float32 N(0, 1) values for the image and
+    audio models, uniform random token ids for the language models and the encoder (seed :data:`INPUT_SEED`). The
+    module itself works for any batch and size in range; ``batch`` and ``size`` only shape the example input.
     """
     import torch
 

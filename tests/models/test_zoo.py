@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
+import importlib
+import math
 import os
 import subprocess
 import sys
@@ -19,17 +22,19 @@ from hetpart.errors import ModelLoadError
 from models import ZOO, build_onnx, build_torch, list_models, param_input_names
 from models import export as zoo_export
 
-CNNS = [name for name, info in ZOO.items() if info.kind == "cnn"]
+NEW_MODELS = ["conv1d_audio", "crnn_ocr", "yolo_detector", "gru_audio", "lstm_speaker"]
 EXPECTED_NAMES = ["resnet18", "resnet50", "vgg16", "mobilenetv2", "squeezenet1_1", "densenet121", "googlenet",
-                  "lstm_lm", "gru_lm", "bert_small"]
+                  "lstm_lm", "gru_lm", "bert_small"] + NEW_MODELS
 # torchvision's published parameter counts (sum of parameter numels, no buffers; GoogLeNet without aux heads)
 TORCHVISION_PARAMS = {"resnet18": 11_689_512, "resnet50": 25_557_032, "vgg16": 138_357_544,
                       "mobilenetv2": 3_504_872, "squeezenet1_1": 1_235_496, "densenet121": 7_978_856,
                       "googlenet": 6_624_904}
+CNNS = list(TORCHVISION_PARAMS)  # the ImageNet classifiers
 # the figures the project issue quotes (GMACs at 224x224, batch 1)
 ISSUE_GMACS = {"resnet50": 4.1, "resnet18": 1.8, "vgg16": 15.5, "mobilenetv2": 0.30, "densenet121": 2.9}
-# small shapes for the numerics tests: (batch, size)
-NUMERICS_SHAPES = {"cnn": (2, 64), "rnn": (2, 6), "transformer": (2, 16)}
+# small shapes for the numerics tests: (batch, size), by kind and for the models added beyond the first ten
+NUMERICS_SHAPES = {"cnn": (2, 64), "rnn": (2, 6), "transformer": (2, 16), "conv1d_audio": (2, 1024),
+                   "crnn_ocr": (2, 32), "yolo_detector": (2, 64), "gru_audio": (2, 8), "lstm_speaker": (2, 8)}
 BERT_OPS = {"Gather", "Add", "MatMul", "LayerNormalization", "Softmax", "Reshape", "Transpose", "Div", "Mul", "Erf",
             "Constant"}
 
@@ -40,16 +45,24 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory):
 
 
 def count_macs(module: nn.Module, example: torch.Tensor) -> int:
-    """Multiply-accumulates of Conv2d and Linear layers in one forward pass, counted with forward hooks."""
+    """Multiply-accumulates of Conv2d, Linear and LSTM/GRU layers in one forward pass, counted with forward hooks
+    (a recurrent layer: gates x (input + hidden) per step, direction and layer; biases not counted)."""
     total = 0
 
-    def hook(layer: nn.Module, _inputs, output: torch.Tensor) -> None:
+    def hook(layer: nn.Module, inputs, output: torch.Tensor) -> None:
         nonlocal total
         if isinstance(layer, nn.Conv2d):
             kh, kw = layer.kernel_size
             total += output.numel() * (layer.in_channels // layer.groups) * kh * kw
         elif isinstance(layer, nn.Linear):
             total += output.numel() * layer.in_features
+        elif isinstance(layer, (nn.LSTM, nn.GRU)):
+            gates = 4 if isinstance(layer, nn.LSTM) else 3
+            rows = inputs[0].shape[0] * inputs[0].shape[1]   # steps x batch
+            directions = 2 if layer.bidirectional else 1
+            for index in range(layer.num_layers):
+                width = layer.input_size if index == 0 else directions * layer.hidden_size
+                total += rows * directions * gates * layer.hidden_size * (width + layer.hidden_size)
 
     handles = [layer.register_forward_hook(hook) for layer in module.modules()]
     try:
@@ -78,7 +91,7 @@ def test_zoo_lists_the_agreed_models():
     assert list_models() == EXPECTED_NAMES
     families = {name: info.family for name, info in ZOO.items()}
     assert families["lstm_lm"] == "lstm" and families["gru_lm"] == "gru" and families["bert_small"] == "bert"
-    assert {info.kind for info in ZOO.values()} == {"cnn", "rnn", "transformer"}
+    assert {info.kind for info in ZOO.values()} == {"cnn", "rnn", "crnn", "transformer"}
     assert ZOO["resnet50"].default_input_shape == (1, 3, 224, 224)
     assert ZOO["lstm_lm"].default_input_shape == (35, 1)
     assert ZOO["bert_small"].default_input_shape == (1, 128)
@@ -86,6 +99,40 @@ def test_zoo_lists_the_agreed_models():
     assert ZOO["resnet18"].input_shapes(4, 96) == {"input": (4, 3, 96, 96)}
     for name in CNNS:
         assert ZOO[name].published_gmacs is not None and "torchvision" in ZOO[name].citation
+
+
+def test_input_layouts_of_every_model():
+    """The first ten models keep the shapes their kind gave them; the others place batch and size by layout."""
+    shapes = {name: info.input_shape(3, 64 if info.size_multiple > 1 else 1024) for name, info in ZOO.items()}
+    assert all(shapes[name] == (3, 3, 1024, 1024) for name in CNNS)
+    assert shapes["lstm_lm"] == shapes["gru_lm"] == (1024, 3) and shapes["bert_small"] == (3, 1024)
+    assert shapes["conv1d_audio"] == (3, 1, 1024, 1) and shapes["crnn_ocr"] == (3, 1, 32, 1024)
+    assert shapes["yolo_detector"] == (3, 3, 64, 64) and shapes["gru_audio"] == (3, 1, 1024, 161)
+    assert shapes["lstm_speaker"] == (1024, 3, 40)
+    assert {name for name, info in ZOO.items() if info.batch_axis != 0} == {"lstm_lm", "gru_lm", "lstm_speaker"}
+    assert all((info.batch_axis == 1) == (info.kind == "rnn") for info in ZOO.values())
+    assert {info.size_meaning for name, info in ZOO.items() if name not in NEW_MODELS} == {
+        "image side", "sequence length"}
+    assert ZOO["crnn_ocr"].size_meaning == "image width" and ZOO["yolo_detector"].size_meaning == "image side"
+    for name in NEW_MODELS:
+        assert ZOO[name].published_params is None and ZOO[name].published_gmacs is None
+        assert ZOO[name].citation and ZOO[name].input_dtype == "float32" and ZOO[name].vocab_size is None
+
+
+@pytest.mark.parametrize("changes, fragment", [
+    ({"kind": "gnn"}, "kind must be one of"),
+    ({"kind": "crnn"}, "no default input layout"),
+    ({"input_layout": ("size", 3)}, "input_layout must hold"),
+    ({"input_layout": ("batch", "batch", "size")}, "input_layout must hold"),
+    ({"input_layout": ("batch", 0, "size")}, "input_layout must hold"),
+    ({"input_layout": ("batch", 3)}, "input_layout must hold"),
+    ({"size_multiple": 3}, "multiples of size_multiple"),
+    ({"size_multiple": 0}, "multiples of size_multiple"),
+])
+def test_model_info_rejects_bad_layouts(changes, fragment):
+    fields = dataclasses.asdict(ZOO["resnet18"]) | changes
+    with pytest.raises(ModelLoadError, match=fragment):
+        models.ModelInfo(**fields)
 
 
 @pytest.mark.parametrize("call", [lambda: build_torch("resnet51"), lambda: build_onnx("resnet51")])
@@ -99,6 +146,9 @@ def test_unknown_model_name_lists_known_names(call):
 @pytest.mark.parametrize("kwargs, fragment", [
     ({"name": "resnet18", "size": 16}, "image side"),
     ({"name": "bert_small", "size": 513}, "sequence length"),
+    ({"name": "yolo_detector", "size": 100}, "image side must be an int in \\[64, inf\\] and a multiple of 32"),
+    ({"name": "conv1d_audio", "size": 512}, "number of audio samples"),
+    ({"name": "crnn_ocr", "size": 4}, "image width"),
     ({"name": "resnet18", "batch": 0}, "batch"),
     ({"name": "resnet18", "weights": "lazy"}, "weights"),
 ])
@@ -121,6 +171,88 @@ def test_rnn_language_model_parameter_count(name, cell_gates):
     expected = vocab * hidden + rnn + hidden * vocab + vocab
     module, _ = build_torch(name)
     assert sum(p.numel() for p in module.parameters()) == expected
+
+
+def test_speaker_encoder_parameter_count():
+    hidden, mels, layers = 256, 40, 3
+    lstm = 4 * hidden * (mels + hidden) + (layers - 1) * 4 * hidden * 2 * hidden + layers * 2 * 4 * hidden
+    module, _ = build_torch("lstm_speaker", size=4)
+    assert sum(p.numel() for p in module.parameters()) == lstm + hidden * hidden + hidden
+
+
+# output shape, parameters and multiply-accumulates (conv, linear, LSTM/GRU gates) at batch 1 and the default size:
+# the figures the module docstrings state
+NEW_MODEL_FIGURES = {
+    "conv1d_audio": ((1, 1, 360), 2_284_104, 545_443_840),
+    "crnn_ocr": ((1, 33, 37), 8_723_749, 910_526_976),
+    "yolo_detector": ((1, 3549, 85), 912_159, 522_553_408),
+    "gru_audio": ((1, 100, 161), 1_656_017, 241_294_400),
+    "lstm_speaker": ((1, 256), 1_423_616, 216_334_336),
+}
+
+
+@pytest.mark.parametrize("name", NEW_MODELS)
+def test_new_model_figures_match_their_docstrings(name):
+    info = ZOO[name]
+    shape, params, macs = NEW_MODEL_FIGURES[name]
+    module = info.construct().eval()  # on the CPU: the meta device runs an LSTM step by step, 10x slower
+    example = torch.zeros(info.default_input_shape)
+    assert count_macs(module, example) == macs
+    with torch.no_grad():
+        assert tuple(module(example).shape) == shape
+    assert sum(p.numel() for p in module.parameters()) == params
+    doc = importlib.import_module(f"models.{info.constructor.split(':')[0]}").__doc__
+    assert f"{params:,} parameters" in doc and f"{macs / 1e9:.4f} GMACs" in doc
+
+
+def test_yolo_detector_matches_the_published_yolox_nano_figures():
+    """YOLOX README: 0.91M parameters, 1.08 GFLOPs = 2 x thop's count (MACs + 2 per BatchNorm output element + 1
+    per conv-bias output element) at 416 x 416."""
+    counts = collections.Counter()
+
+    def hook(layer: nn.Module, _inputs, output: torch.Tensor) -> None:
+        if isinstance(layer, nn.BatchNorm2d):
+            counts["batch_norm"] += output.numel()
+        elif isinstance(layer, nn.Conv2d):
+            counts["macs"] += output.numel() * layer.in_channels // layer.groups * math.prod(layer.kernel_size)
+            counts["bias"] += output.numel() if layer.bias is not None else 0
+
+    with torch.device("meta"):
+        module = ZOO["yolo_detector"].construct().eval()
+        for layer in module.modules():
+            layer.register_forward_hook(hook)
+        with torch.no_grad():
+            module(torch.empty(1, 3, 416, 416))
+    assert round(sum(p.numel() for p in module.parameters()) / 1e6, 2) == 0.91
+    assert round(2 * (counts["macs"] + 2 * counts["batch_norm"] + counts["bias"]) / 1e9, 2) == 1.08
+
+
+# output shapes at the NUMERICS_SHAPES sizes (plus a conv1d_audio input of 9 x 128 samples: two windows)
+NEW_MODEL_OUTPUTS = {"conv1d_audio": (2, 1, 360), "crnn_ocr": (2, 9, 37), "yolo_detector": (2, 84, 85),
+                     "gru_audio": (2, 8, 161), "lstm_speaker": (2, 256)}
+
+
+@pytest.mark.parametrize("name", NEW_MODELS)
+def test_new_models_are_deterministic_and_shape_their_outputs(name):
+    batch, size = NUMERICS_SHAPES[name]
+    first, (x1,) = build_torch(name, batch=batch, size=size)
+    second, (x2,) = build_torch(name, batch=batch, size=size)
+    assert tuple(x1.shape) == ZOO[name].input_shape(batch, size) and torch.equal(x1, x2)
+    for (key, a), b in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), key
+    assert not first.training
+    with torch.no_grad():
+        y1, y2 = first(x1), second(x2)
+    assert tuple(y1.shape) == NEW_MODEL_OUTPUTS[name] and torch.equal(y1, y2) and bool(torch.isfinite(y1).all())
+    if name == "lstm_speaker":  # L2-normalised embeddings
+        assert torch.allclose(y1.norm(dim=1), torch.ones(batch), atol=1e-4)
+    elif name == "yolo_detector":  # columns 4: are sigmoid scores
+        assert bool(((y1[..., 4:] > 0) & (y1[..., 4:] < 1)).all())
+    elif name != "crnn_ocr":  # pitch activations and suppression gains are sigmoids
+        assert bool(((y1 > 0) & (y1 < 1)).all())
+    if name == "conv1d_audio":  # a longer input: one 360-bin vector per 1024-sample window hopped by 128
+        with torch.no_grad():
+            assert first(torch.randn(1, 1, 9 * 128, 1)).shape == (1, 2, 360)
 
 
 @pytest.mark.parametrize("name", CNNS)
@@ -152,7 +284,7 @@ def test_build_torch_is_deterministic_and_parameterised():
 @pytest.mark.parametrize("name", [name for name in EXPECTED_NAMES if name != "vgg16"])
 def test_onnx_matches_torch(name, cache_dir):
     info = ZOO[name]
-    batch, size = NUMERICS_SHAPES[info.kind]
+    batch, size = NUMERICS_SHAPES[name if name in NUMERICS_SHAPES else info.kind]
     path = build_onnx(name, batch=batch, size=size, cache_dir=cache_dir)
     model = onnx.load(str(path))
     assert model.ir_version == 10
@@ -168,10 +300,22 @@ def test_onnx_matches_torch(name, cache_dir):
     assert_close(run_onnx(path, {info.input_name: example.numpy()}), expected)
 
     ops = collections.Counter(node.op_type for node in model.graph.node)
+    assert ops["Loop"] == ops["Scan"] == ops["If"] == 0
     if info.kind == "cnn":
         batch_norms = sum(isinstance(m, nn.BatchNorm2d) for m in module.modules())
         assert ops["BatchNormalization"] == batch_norms
         assert ops["Conv"] == sum(isinstance(m, nn.Conv2d) for m in module.modules())
+    elif name in NEW_MODELS:  # constant folding: BatchNorm folded into the convs, one ONNX node per RNN layer
+        assert ops["BatchNormalization"] == 0
+        assert ops["Conv"] == sum(isinstance(m, nn.Conv2d) for m in module.modules())
+        (rnn,) = [m for m in module.modules() if isinstance(m, (nn.LSTM, nn.GRU))]
+        cell = type(rnn).__name__
+        assert ops[cell] == rnn.num_layers
+        for node in (n for n in model.graph.node if n.op_type == cell):
+            attrs = {a.name: a for a in node.attribute}
+            assert attrs["hidden_size"].i == 256
+            direction = attrs["direction"].s if "direction" in attrs else b"forward"
+            assert direction == (b"bidirectional" if rnn.bidirectional else b"forward")
     elif info.kind == "rnn":
         cell = info.family.upper()
         assert ops[cell] == 2 and ops["Gather"] >= 1 and ops["Loop"] == ops["Scan"] == 0
@@ -190,7 +334,8 @@ def test_rnn_onnx_handles_the_ptb_sequence_length(cache_dir):
     assert_close(run_onnx(path, {"tokens": tokens.numpy()}), expected)
 
 
-@pytest.mark.parametrize("name, batch, size", [("bert_small", 2, 16), ("lstm_lm", 2, 6), ("resnet18", 2, 64)])
+@pytest.mark.parametrize("name, batch, size", [("bert_small", 2, 16), ("lstm_lm", 2, 6), ("resnet18", 2, 64),
+                                               ("gru_audio", 2, 8)])
 def test_weights_as_inputs_compute_the_same_model(name, batch, size, cache_dir):
     random_path = build_onnx(name, batch=batch, size=size, cache_dir=cache_dir)
     inputs_path = build_onnx(name, batch=batch, size=size, cache_dir=cache_dir, weights="inputs")
@@ -295,7 +440,7 @@ def test_metadata_and_cache_hits_do_not_import_torch(tmp_path):
     path = build_onnx("squeezenet1_1", batch=1, size=32, cache_dir=tmp_path, weights="inputs")
     script = (
         "import sys, models\n"
-        "assert len(models.list_models()) == 10 and models.ZOO['vgg16'].default_input_shape == (1, 3, 224, 224)\n"
+        "assert len(models.list_models()) == 15 and models.ZOO['vgg16'].default_input_shape == (1, 3, 224, 224)\n"
         f"path = models.build_onnx('squeezenet1_1', batch=1, size=32, cache_dir={str(tmp_path)!r}, weights='inputs')\n"
         f"assert str(path) == {str(path)!r}, path\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n")
