@@ -165,6 +165,10 @@ def inline_growth_nodes(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, lim
     return copies * max(1, expr_tree_nodes(store.value, limit // copies))
 
 
+def _writes_any(block: tirx.stmt.SBlock, buffers: list) -> bool:
+    return any(_buffer_of(region).same_as(buffer) for region in block.writes for buffer in buffers)
+
+
 def inline_injective_producers(sch: s_tir.Schedule, keep: set[str], max_growth_nodes: int | None = None) -> None:
     """compute_inline every spatial block not in ``keep`` that can be inlined (padding, transposes, casts).
 
@@ -181,12 +185,15 @@ def inline_injective_producers(sch: s_tir.Schedule, keep: set[str], max_growth_n
     if max_growth_nodes is None:
         max_growth_nodes = MAX_INLINE_GROWTH_NODES
     too_large: set[str] = set()  # growth never shrinks as inlining proceeds, so a rejected block stays rejected
+    parameters = list(sch.mod["main"].params)
     changed = True
     while changed:  # a pass in program order inlines whole chains; repeat while a pass still inlines something
         changed = False
         for block_rv, summary in summarize_blocks(sch):
             if summary.name in keep or summary.name in too_large or summary.is_reduction:
                 continue
+            if _writes_any(sch.get(block_rv), parameters):
+                continue   # a block storing into a parameter is an output: compute_inline refuses it, slowly
             growth = inline_growth_nodes(sch, block_rv, max_growth_nodes)
             if growth > max_growth_nodes:
                 logger.debug("block %s stays materialised: inlining it would add over %d expression nodes",

@@ -18,6 +18,7 @@ The segments are read from the block's read regions: input ``k`` is read at ``v_
 
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
@@ -59,11 +60,37 @@ def concat_segments(block: tirx.stmt.SBlock, axis: int) -> list[tuple[int, int]]
     return ordered if position == int(extent.value) else None
 
 
+def stack_segments(block: tirx.stmt.SBlock, axis: int) -> list[tuple[int, int]] | None:
+    """One (index, 1) segment per input if the block is a ``stack`` along ``axis``.
+
+    TOPI writes ``stack(x_0, ..., x_k)`` as ``if_then_else(v_a == k, x_k[...], if_then_else(v_a == k - 1, ...))``:
+    the inputs lack the stacked axis, so their read regions say nothing about it; the conditions do. The chain
+    must test every index but one (the final else) for equality with the axis variable."""
+    var = block.iter_vars[axis].var
+    extent = block.iter_vars[axis].dom.extent
+    if not isinstance(extent, tirx.IntImm) or not isinstance(block.body, tirx.BufferStore):
+        return None
+    value, points = block.body.value, set()
+    while isinstance(value, tvm.ir.Call) and getattr(value.op, "name", "") in _IF_THEN_ELSE:
+        condition, _, value = value.args
+        if not (isinstance(condition, tirx.EQ) and condition.a.same_as(var) and isinstance(condition.b, tirx.IntImm)):
+            return None
+        points.add(int(condition.b.value))
+    n = int(extent.value)
+    if n < MIN_SEGMENTS or len(points) != n - 1 or not points <= set(range(n)):
+        return None
+    return [(k, 1) for k in range(n)]
+
+
+_IF_THEN_ELSE = ("prim.if_then_else", "tir.if_then_else")
+
+
 def _concat_axis(block: tirx.stmt.SBlock) -> tuple[int, list[tuple[int, int]]] | None:
-    for axis in range(len(block.iter_vars)):
-        segments = concat_segments(block, axis)
-        if segments is not None:
-            return axis, segments
+    for find in (concat_segments, stack_segments):
+        for axis in range(len(block.iter_vars)):
+            segments = find(block, axis)
+            if segments is not None:
+                return axis, segments
     return None
 
 
