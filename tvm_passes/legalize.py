@@ -24,7 +24,6 @@ overridden too, with the same formulas as TVM's; the PrimFunc names are TVM's, s
 
 Every place hetpart legalizes a Relax module uses :func:`legalize_ops` (the CPU pipeline the profiler measures,
 the heterogeneous build, and the fused-kernel grouping of the extractor), so a profiled kernel is the deployed one.
-The same table also routes ``concat``/``stack`` of many inputs to :mod:`tvm_passes.concat_copies`.
 ``log``, ``power``, trigonometric ops, ``softplus`` and ``log_softmax`` still call libm.
 """
 
@@ -35,8 +34,6 @@ from typing import Callable
 
 import tvm
 from tvm import relax, te, tirx, topi
-
-from tvm_passes.concat_copies import legalize_concat, legalize_stack
 
 FAST_DTYPES = frozenset({"float32"})
 
@@ -93,7 +90,7 @@ def _softmax(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
 
 
 # PrimFunc names as TVM's own legalization gives them (kernel names, hence the extractor's pairing, stay the same)
-FAST_MATH_OVERRIDES = {
+LEGALIZE_OVERRIDES = {
     "relax.exp": _unary(exp, "tir_exp"),
     "relax.tanh": _unary(tanh, "tir_tanh"),
     "relax.sigmoid": _unary(sigmoid, "tir_sigmoid"),
@@ -103,13 +100,14 @@ FAST_MATH_OVERRIDES = {
     "relax.nn.silu": _unary(silu, "silu"),
     "relax.nn.softmax": _softmax,
 }
-# concatenations of many inputs as a tree of copy kernels (tvm_passes.concat_copies)
-LEGALIZE_OVERRIDES = {**FAST_MATH_OVERRIDES, "relax.concat": legalize_concat, "relax.stack": legalize_stack}
 
 
 def legalize_ops() -> tvm.transform.Pass:
-    """``relax.transform.LegalizeOps`` with hetpart's overrides (:data:`LEGALIZE_OVERRIDES`)."""
-    return relax.transform.LegalizeOps(customize_legalize_map=dict(LEGALIZE_OVERRIDES))
+    """``relax.transform.LegalizeOps`` with hetpart's overrides (:data:`LEGALIZE_OVERRIDES`), every op's
+    legalization memoized per module (:mod:`tvm_passes.legalize_cache`)."""
+    from tvm_passes.legalize_cache import memoized_legalize_map
+
+    return relax.transform.LegalizeOps(customize_legalize_map=memoized_legalize_map(dict(LEGALIZE_OVERRIDES)))
 
 
 def with_hetpart_legalization(passes: list[tvm.transform.Pass]) -> list[tvm.transform.Pass]:

@@ -50,7 +50,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 from hetpart.errors import UnsupportedOpError
 from hetpart.partition.slices import parse_rnn_tag
 from tvm_passes.rnn_slices import (InputSlices, RnnImportOptions, StepSequence, current_options,
-                                   register_sequence, rnn_import_options)
+                                   register_sequence, rnn_import_options, stack_steps)
 
 logger = logging.getLogger(__name__)
 
@@ -347,7 +347,7 @@ def _run_direction(emit: _Emitter, spec: _RnnSpec, inputs, d: int, options: RnnI
         h, c = _CELL_STEPS[spec.op_type](emit, weights, x_gates, h, c)
         outputs[time] = h
     emit.step = "out"
-    y = emit(relax.op.stack(outputs, axis=spec.time_axis), "y_dir")
+    y = stack_steps(emit, outputs, spec.time_axis, "y_dir")
     return y, h, c, tuple(outputs)
 
 
