@@ -30,7 +30,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -165,12 +165,32 @@ def _onnx_convert_map() -> dict:
     return onnx_frontend._get_convert_map()
 
 
-def _check_onnx_ops_supported(model, path: Path) -> None:
+def _copy_model(model):
+    copy = type(model)()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _unsupported_ops(model) -> dict[str, int]:
     counts = collections.Counter(
         n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in model.graph.node)
     known = _onnx_convert_map()
-    missing = {op: c for op, c in sorted(counts.items()) if op not in known}
+    return {op: c for op, c in sorted(counts.items()) if op not in known}
+
+
+def _check_onnx_ops_supported(model, path: Path, slim: Callable[[Any], Any]) -> None:
+    """Raise UnsupportedOpError listing every op type without a converter that onnxslim cannot fold away (an
+    exporter's ``If`` on a shape test folds for fixed input shapes)."""
+    missing = _unsupported_ops(model)
     if missing:
+        try:
+            folded = slim(model)
+        except Exception:  # noqa: BLE001 (the unsupported ops are the error to report)
+            folded = None
+        if folded is not None and not _unsupported_ops(folded):
+            log.info("%s: onnxslim folds away the op types no converter exists for (%s)", path.name,
+                     ", ".join(missing))
+            return
         listing = ", ".join(f"{op} x{c}" for op, c in missing.items())
         raise UnsupportedOpError(
             f"{path.name}: TVM 0.27's ONNX importer (with hetpart's RNN converters) cannot import these op types: "
@@ -195,11 +215,12 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
     inputs = _onnx_inputs(model)
     bound = _bind_shapes(path, inputs, input_shapes)
     _install_rnn_converters()
-    _check_onnx_ops_supported(model, path)
+    shapes = [f"{n}:{','.join(map(str, d))}" for n, d in bound.items()]
+    _check_onnx_ops_supported(model, path, lambda m: onnxslim.slim(_copy_model(m), input_shapes=shapes))
     model, upgrade = onnx_opsets.upgrade_for_tvm(model, _onnx_convert_map(), path.name)
     param_inputs = _param_inputs(model)
     try:
-        slim = onnxslim.slim(model, input_shapes=[f"{n}:{','.join(map(str, d))}" for n, d in bound.items()])
+        slim = onnxslim.slim(model, input_shapes=shapes)
     except Exception as exc:
         raise ModelLoadError(f"{path.name}: folding shape computations with onnxslim failed for shapes "
                              f"{bound}: {exc}") from exc
