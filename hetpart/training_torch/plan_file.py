@@ -81,13 +81,13 @@ class ModelSource:
 
     @property
     def batch_dim(self) -> int:
-        """The input dimension that holds the samples: 1 for the zoo's language models ([sequence, batch]), else 0
-        (factories are assumed batch-first)."""
+        """The input dimension that holds the samples: the zoo model's batch axis (1 for the sequence-first
+        language models and speaker encoder), 0 for factories (assumed batch-first)."""
         if self.is_factory:
             return 0
         import models
 
-        return 1 if models.get_info(self.model).kind == "rnn" else 0
+        return models.get_info(self.model).batch_axis
 
     def _vocab(self) -> int | None:
         if self.is_factory:
