@@ -34,6 +34,7 @@ from hetpart.errors import BuildError
 from tvm_passes.annotate import VDEVICE_NAMES_ATTR
 from tvm_passes.artifact import WEIGHTS_FUNCTION, BuildManifest, BuildResult, export
 from tvm_passes.kernel_targets import bind_kernel_targets, check_single_device_kernels, kernel_calls
+from tvm_passes.fusion import fusion_passes
 from tvm_passes.legalize import legalize_ops
 from tvm_passes.vdevices import host_device, retarget_vdevices, runtime_device, tensor_vdevices, vdevice_key
 
@@ -251,7 +252,7 @@ def build(mod: tvm.IRModule, devices: DeviceSet, *, emulate_gpu: bool, cpu_targe
     mod = _stage("prepack CPU conv weights", _prepack_cpu_conv_weights, mod, host_target)
     mod = _stage("legalize", tvm.transform.Sequential([t.DecomposeOpsForInference(), legalize_ops()]), mod)
     mod = _stage("bind kernel targets", bind_kernel_targets, mod)
-    mod = _stage("fuse", tvm.transform.Sequential([t.AnnotateTIROpPattern(), t.FuseOps(), t.FuseTIR()]), mod)
+    mod = _stage("fuse", tvm.transform.Sequential([*fusion_passes(), t.FuseTIR()]), mod)
     mod = _stage("bind kernel targets after fusion", bind_kernel_targets, mod)
     check_single_device_kernels(mod)
     gpu_targets = {str(vd.target): vd.target for vd in vdevices if "gpu" in vd.target.keys}

@@ -305,6 +305,7 @@ def fused_kernel_groups(mod, ops: list[OpNode]) -> tuple[KernelGroup, ...]:
     import tvm
     from tvm import relax
 
+    from tvm_passes.fusion import fusion_passes
     from tvm_passes.legalize import legalize_ops
 
     call_tir = tvm.ir.Op.get("relax.call_tir")
@@ -312,7 +313,7 @@ def fused_kernel_groups(mod, ops: list[OpNode]) -> tuple[KernelGroup, ...]:
     mutator = _rename_kernels_mutator()(legal, {n.name: n.id for n in ops})
     mutator.builder_.update_func(legal.get_global_var("main"), mutator.visit_expr(legal["main"]))
     renamed = mutator.builder_.get()
-    fused = relax.transform.FuseOps()(relax.transform.AnnotateTIROpPattern()(renamed))
+    fused = tvm.transform.Sequential(fusion_passes())(renamed)
 
     def member_ids(f) -> list[int]:
         ids = []

@@ -64,6 +64,7 @@ def kernel_lowering_passes(target: Target) -> list[tvm.transform.Pass]:
     """
     from tvm.relax.backend.cpu_generic import pipeline as cpu_generic
 
+    from .fusion import with_stacks_unfused
     from .legalize import with_hetpart_legalization
     from .schedules.base import vector_lanes
     from .schedules.layout import prepack_conv_weights
@@ -71,7 +72,7 @@ def kernel_lowering_passes(target: Target) -> list[tvm.transform.Pass]:
     return (
         [prepack_conv_weights(vector_lanes(target))]
         + cpu_generic.library_dispatch_passes(target)
-        + with_hetpart_legalization(cpu_generic.legalize_passes(target))
+        + with_stacks_unfused(with_hetpart_legalization(cpu_generic.legalize_passes(target)))
     )
 
 

@@ -69,3 +69,29 @@ def test_concat_rule_partitions_a_stack():
     target = default_cpu_target()
     scheduled = Concat().apply(func.with_attr("target", target), target)
     assert scheduled is not None and "if_then_else" not in scheduled.mod["main"].script().split("T_stack_ax00")[0]
+
+
+def test_fusion_keeps_step_stacks_apart_so_no_kernel_takes_every_step():
+    from tvm_passes.fusion import MIN_UNFUSED_STACK_INPUTS, fusion_passes
+    from tvm_passes.legalize import legalize_ops
+
+    n_steps = 40
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8), "float32"))
+    w = relax.const(np.eye(8, dtype="float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h, outputs = x, []
+            for _ in range(n_steps):                         # a recurrence: each step's matmul reads the last
+                h = bb.emit(relax.op.tanh(relax.op.add(relax.op.matmul(h, w), x)))
+                outputs.append(h)
+            y = stack_steps(lambda expr, what: bb.emit(expr, what), outputs, 0, "y")
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    fused = tvm.transform.Sequential([*fusion_passes(), relax.transform.FuseTIR()])(legalize_ops()(bb.get()))
+    widest = max(len(f.params) for _, f in fused.functions_items() if isinstance(f, tirx.PrimFunc))
+    assert MIN_UNFUSED_STACK_INPUTS <= MAX_STACK_INPUTS
+    assert widest <= n_steps // MAX_STACK_INPUTS + 2 + MAX_STACK_INPUTS   # a group stack, or the groups' concat
+    unfused = tvm.transform.Sequential([relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
+                                        relax.transform.FuseTIR()])(legalize_ops()(bb.get()))
+    assert max(len(f.params) for _, f in unfused.functions_items() if isinstance(f, tirx.PrimFunc)) > n_steps
