@@ -5,7 +5,8 @@ Public API (used by tvm_passes.build, tvm_passes.outline and predictors.registry
 - ``cpu_schedule_pass(target)``: module pass scheduling every unscheduled CPU PrimFunc with the rules.
 - ``cpu_pipeline(target, database_dir=None)``: relax default CPU pipeline + tuning database + the rules.
 - ``default_cpu_target()``: the llvm target hetpart compiles CPU kernels for.
-- ``default_rules()``: the rule list, most specific first (conv2d, matmul, row reduction, concat, elementwise).
+- ``default_rules()``: the rule list, most specific first (flat-position conv, depthwise conv, conv2d, matmul,
+  row reduction, concat, elementwise).
 - ``prepack_conv_weights(lanes)``: Relax pass (before LegalizeOps) storing constant conv weights IHWO so the
   conv rule can vectorise over output channels; ``cpu_pipeline`` runs it, other pipelines may add it.
 """
@@ -20,8 +21,11 @@ Public API (used by tvm_passes.build, tvm_passes.outline and predictors.registry
 # 7: concat chunk runs are whole vectors or >= 128 elements; 8: a zero-width pad (TOPI's copy of an unpadded conv's
 # input) is inlined into the contraction instead of copied; 9: convs whose column vectors would carry a predicated
 # tail (rows of 82, 73, 149...) vectorise over output channels (whole or half registers) instead; 10: batch-1
-# convs whose input outweighs their weights run in bands of output rows across the cores (tile_plan.conv_row_bands).
-RULES_VERSION = 10
+# convs whose input outweighs their weights run in bands of output rows across the cores (tile_plan.conv_row_bands);
+# 11: batch-1 dense convs with prepacked weights, or OIHW weights whose columns would not fill a register, tile
+# flattened output positions (conv2d_flat); depthwise convs split rows into whole vectors plus a tail
+# (conv2d_depthwise); stacks of 8 or more inputs stay kernels of their own (tvm_passes.fusion).
+RULES_VERSION = 11
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights

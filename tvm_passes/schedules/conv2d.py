@@ -113,13 +113,16 @@ def operand_bytes(sch: s_tir.Schedule, name: str) -> tuple[int, int] | None:
 
 
 def _is_grouped(sch: s_tir.Schedule, name: str) -> bool:
-    """Grouped/depthwise: the reduction covers fewer input channels than the data tensor has."""
+    """Grouped/depthwise: the reduction covers fewer input channels than the data tensor (the operand indexed by the
+    batch) has. The weights do not count: prepacked (IHWO) weights hold the kernel height in their second axis."""
     block = sch.get(sch.get_sblock(name))
     product = block.body.value.b
     if not isinstance(product, tirx.Mul):
         return False
     reduced_channels = int(block.iter_vars[4].dom.extent)
-    loads = [op for op in (product.a, product.b) if isinstance(op, tvm.ir.TensorLoad) and len(op.indices) == 4]
+    batch = block.iter_vars[0].var
+    loads = [op for op in (product.a, product.b) if isinstance(op, tvm.ir.TensorLoad) and len(op.indices) == 4
+             and op.indices[0].same_as(batch)]
     data_channels = [int(load.source.shape[1]) for load in loads]
     return bool(data_channels) and reduced_channels < max(data_channels)
 

@@ -32,11 +32,13 @@ def default_rules() -> list[CpuRule]:
     """hetpart's CPU rules, most specific first (the first rule that applies wins)."""
     from .concat import Concat
     from .conv2d import Conv2dNCHW
+    from .conv_depthwise import Conv2dDepthwise
+    from .conv_flat import Conv2dFlat
     from .elementwise import Elementwise
     from .matmul import Matmul
     from .reduction import RowReduction
 
-    return [Conv2dNCHW(), Matmul(), RowReduction(), Concat(), Elementwise()]
+    return [Conv2dFlat(), Conv2dDepthwise(), Conv2dNCHW(), Matmul(), RowReduction(), Concat(), Elementwise()]
 
 
 def _is_cpu_func(func: tirx.PrimFunc, target: Target) -> tuple[bool, Target | None]:

@@ -37,11 +37,12 @@ def _module(params, body):
     return bb.get()
 
 
-def _scheduled_funcs(mod, target):
-    """PrimFuncs after the pipeline's legalize+fuse stage and hetpart's schedule pass: {name: func}."""
+def _scheduled_funcs(mod, target, rules=None):
+    """PrimFuncs after the pipeline's legalize+fuse stage and hetpart's schedule pass (with ``rules``, by default
+    hetpart's): {name: func}."""
     with target:
         legal = tvm.transform.Sequential(
-            [prepack_conv_weights()] + cpu_generic.legalize_passes(target) + [cpu_schedule_pass(target)]
+            [prepack_conv_weights()] + cpu_generic.legalize_passes(target) + [cpu_schedule_pass(target, rules)]
         )(mod)
     return {gv.name_hint: f for gv, f in legal.functions_items() if isinstance(f, tirx.PrimFunc)}
 
@@ -59,7 +60,8 @@ def _run(mod, target, inputs):
 
 
 def _assert_rule(funcs, rule, *, parallel=True, vectorized=True):
-    matching = [f for f in funcs.values() if f.attrs.get("hetpart.cpu_rule") == rule]
+    rules = {rule} if isinstance(rule, str) else set(rule)
+    matching = [f for f in funcs.values() if f.attrs.get("hetpart.cpu_rule") in rules]
     assert matching, f"rule {rule} was applied to none of {list(funcs)}"
     kinds = set().union(*(_loop_kinds(f) for f in matching))
     if parallel:
@@ -115,7 +117,7 @@ def test_conv2d_rule_matches_numpy(target, cin, cout, size, kernel, stride, grou
 
     mod = _module([("x", x.shape, "float32")], body)
     funcs = _scheduled_funcs(mod, target)
-    _assert_rule(funcs, "conv2d_nchw")
+    _assert_rule(funcs, ("conv2d_nchw", "conv2d_flat", "conv2d_depthwise"))
     got = _run(mod, target, [x])
     np.testing.assert_allclose(got, _conv_ref(x, w, b, stride, pad, groups), rtol=TOL, atol=TOL)
 
@@ -128,13 +130,16 @@ def _parallel_loops(func):
 def test_batch_1_convs_whose_input_outweighs_their_weights_split_rows_across_cores(target, batch, banded):
     """On several cores a batch-1 conv whose input outweighs its weights runs in bands of output rows, outermost,
     so each core reads its own rows (tile_plan.conv_row_bands); from one sample per core up, each core gets whole
-    samples, and weight-bound convs keep splitting output channels."""
+    samples, and weight-bound convs keep splitting output channels. (The conv2d_nchw rule alone: hetpart's rules
+    give batch-1 prepacked convs to the flat rule, which blocks rows its own way.)"""
+    from tvm_passes.schedules.conv2d import Conv2dNCHW
+
     light = RNG.randn(32, 64, 1, 1).astype("float32")       # 8 KB of weights, 800 KB of input
     heavy = RNG.randn(256, 64, 3, 3).astype("float32")      # 590 KB of weights, 21 KB of (padded) input
     for weights, size, bands_expected in ((light, 56, banded), (heavy, 7, False)):
         mod = _module([("x", (batch, 64, size, size), "float32")],
                       lambda x, w=weights: relax.op.nn.conv2d(x, relax.const(w), padding=w.shape[2] // 2))
-        (conv,) = [f for f in _scheduled_funcs(mod, target).values()
+        (conv,) = [f for f in _scheduled_funcs(mod, target, [Conv2dNCHW()]).values()
                    if f.attrs.get("hetpart.cpu_rule") == "conv2d_nchw"]
         loops = _parallel_loops(conv)
         assert loops and loops[-1].startswith("nn_yy_0") is bands_expected, (size, loops)
@@ -149,7 +154,7 @@ def test_a_zero_width_pad_is_read_in_place_not_copied(target):
         mod = _module([("x", x_shape, "float32")],
                       lambda xv: relax.op.nn.conv2d(xv, relax.const(w), padding=kernel // 2))
         (conv,) = [f for f in _scheduled_funcs(mod, target).values()
-                   if f.attrs.get("hetpart.cpu_rule") == "conv2d_nchw"]
+                   if f.attrs.get("hetpart.cpu_rule") in ("conv2d_nchw", "conv2d_flat")]
         assert ("pad_temp" in conv.script()) == copied, kernel
 
 
