@@ -36,21 +36,13 @@ def is_wide_stack(func: tirx.PrimFunc) -> bool:
         return False
     try:
         sch = s_tir.Schedule(func)
-        blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root"))] if _has_root(sch) else []
-    except (RuntimeError, ValueError, IndexError):
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except (RuntimeError, ValueError, IndexError):     # no root block: not a TOPI stack
         return False
     if len(blocks) != 1:
         return False
     block = sch.get(blocks[0])
     return any(stack_segments(block, axis) is not None for axis in range(len(block.iter_vars)))
-
-
-def _has_root(sch: s_tir.Schedule) -> bool:
-    try:
-        sch.get_sblock("root")
-    except (RuntimeError, ValueError, IndexError):
-        return False
-    return True
 
 
 @tvm.transform.module_pass(opt_level=0, name="HetpartKeepStacksUnfused")
