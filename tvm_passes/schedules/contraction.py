@@ -114,16 +114,25 @@ def _move_vector_axis_innermost(sch: s_tir.Schedule, main: s_tir.schedule.SBlock
     sch.transform_layout(main, ("write", 0), index_map)
 
 
-def schedule_contraction(sch: s_tir.Schedule, main_name: str, plan: TilePlan, target: Target) -> None:
-    """Apply the register-tiled schedule described in the module docstring to block ``main_name``."""
-    main = sch.get_sblock(main_name)
+def inline_plain_copy_producers(sch: s_tir.Schedule, main_name: str) -> list[s_tir.schedule.SBlockRV]:
+    """Inline the plain copies before block ``main_name`` (an unpadded conv's copy of its input); returns the
+    other producers (pads, layout transforms) in program order."""
     names = [summary.name for _, summary in summarize_blocks(sch)]
+    others = []
     for name in names[: names.index(main_name)]:
         block = sch.get_sblock(name)
         if _is_plain_copy(sch, block):
             sch.compute_inline(block)
         else:
-            schedule_producer(sch, block, target)
+            others.append(block)
+    return others
+
+
+def schedule_contraction(sch: s_tir.Schedule, main_name: str, plan: TilePlan, target: Target) -> None:
+    """Apply the register-tiled schedule described in the module docstring to block ``main_name``."""
+    main = sch.get_sblock(main_name)
+    for block in inline_plain_copy_producers(sch, main_name):
+        schedule_producer(sch, block, target)
     epilogue, later_stages = _inline_epilogue_chain(sch, main_name)
     if plan.vec_axis != plan.n_spatial - 1:
         # Vectorising a non-innermost output axis: accumulate in an intermediate buffer whose layout puts

@@ -21,10 +21,9 @@ from .base import (
     loop_extent,
     num_cores,
     static_extents,
-    summarize_blocks,
     vector_lanes,
 )
-from .contraction import _inline_epilogue_chain, _is_plain_copy
+from .contraction import _inline_epilogue_chain, inline_plain_copy_producers
 from .conv2d import _is_grouped, find_conv_block, operand_bytes
 from .conv_flat import stages_fit
 from .elementwise import parallel_vectorize_nest
@@ -60,14 +59,7 @@ def _reads_one_channel_per_group(sch: s_tir.Schedule, name: str) -> bool:
 def schedule_depthwise(sch: s_tir.Schedule, name: str, lanes: int, target: Target) -> None:
     """Apply the schedule of the module docstring to the depthwise conv block ``name``."""
     main = sch.get_sblock(name)
-    names = [summary.name for _, summary in summarize_blocks(sch)]
-    pads = []
-    for producer in names[: names.index(name)]:
-        block = sch.get_sblock(producer)
-        if _is_plain_copy(sch, block):
-            sch.compute_inline(block)
-        else:
-            pads.append(block)
+    pads = inline_plain_copy_producers(sch, name)
     epilogue, later_stages = _inline_epilogue_chain(sch, name)
     if epilogue is None:
         epilogue = sch.cache_write(main, 0, "global")

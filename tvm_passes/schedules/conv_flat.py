@@ -42,7 +42,7 @@ from .base import (
     summarize_blocks,
     vector_lanes,
 )
-from .contraction import _inline_epilogue_chain, _is_plain_copy
+from .contraction import _inline_epilogue_chain, inline_plain_copy_producers
 from .conv2d import (
     _is_grouped,
     find_conv_block,
@@ -133,14 +133,7 @@ def schedule_flat_conv(sch: s_tir.Schedule, name: str, plan: FlatConvPlan, width
                        transpose_weights: bool = False) -> None:
     """Apply the flattened, blocked schedule (module docstring) to the batch-1 conv block ``name``."""
     main = sch.get_sblock(name)
-    names = [summary.name for _, summary in summarize_blocks(sch)]
-    pads = []
-    for producer in names[: names.index(name)]:
-        block = sch.get_sblock(producer)
-        if _is_plain_copy(sch, block):
-            sch.compute_inline(block)  # an unpadded conv's copy of its input: staged below by a cache_read
-        else:
-            pads.append(block)
+    pads = inline_plain_copy_producers(sch, name)   # an unpadded conv's input copy is staged by a cache_read
     epilogue, later_stages = _inline_epilogue_chain(sch, name)
     if epilogue is None:
         epilogue = sch.cache_write(main, 0, "global")
