@@ -130,13 +130,13 @@ def run_case(model: str, graph: OpGraph, tables: dict, kind: str, cluster: Clust
                            "microbatches": microbatches, "n_ops": graph.num_ops, "single_device_us": single,
                            "single_device": single_dev, "methods": {}}
     for label, method, extra in (IDENTICAL_METHODS if cluster.is_homogeneous else MIXED_METHODS):
-        cpu0, wall0 = time.process_time(), time.perf_counter()
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
         try:
             plan = get_method(method)(graph, costs, cluster, {"microbatches": microbatches, **extra})
         except HetpartError as exc:       # a method that cannot plan this case is reported, not fatal
             row["methods"][label] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
-        row["methods"][label] = summarize(plan, single, time.process_time() - cpu0, time.perf_counter() - wall0)
+        row["methods"][label] = summarize(plan, single, time.thread_time() - cpu0, time.perf_counter() - wall0)
     if cluster.is_homogeneous:
         row["pipeline_bound"] = pipeline_bound(graph, costs, cluster, cluster.size)
     return row
@@ -179,7 +179,7 @@ def schedule_comparison(model: str, graph: OpGraph, tables: dict, cluster: Clust
         out["schedules"][schedule] = {"iteration_us": r.iteration_us, "bubble_fraction": r.bubble_fraction,
                                       "speedup": single / r.iteration_us,
                                       "peak_memory_gib": max(r.peak_memory_bytes.values()) / 2**30}
-    t0 = time.process_time()
+    t0 = time.thread_time()
     found = search(plan)
     out["schedules"]["tessel"] = {"iteration_us": found.result.iteration_us,
                                   "bubble_fraction": found.result.bubble_fraction,
@@ -187,7 +187,7 @@ def schedule_comparison(model: str, graph: OpGraph, tables: dict, cluster: Clust
                                   "peak_memory_gib": max(found.result.peak_memory_bytes.values()) / 2**30,
                                   "period_us": found.repetend.period_us,
                                   "repetend_microbatches": max(found.repetend.offsets) + 1,
-                                  "candidates": found.candidates, "search_cpu_s": time.process_time() - t0}
+                                  "candidates": found.candidates, "search_cpu_s": time.thread_time() - t0}
     if microbatches % cluster.size == 0:
         inter = interleaved_plan(graph, tables, cluster, microbatches)
         out["schedules"]["interleaved_1f1b (2 stages/device)"] = {

@@ -218,8 +218,9 @@ def test_greedy_is_not_always_the_fewest_segments(make_tiny):
 @pytest.mark.parametrize("shape", ["layered", "branchy", "series_parallel"])
 def test_segmenting_two_thousand_ops_takes_well_under_a_second(shape):
     graph, _, plan = random_problem(shape, 2000, 0)
-    started = time.process_time()          # CPU time: the machine is shared
+    started = time.thread_time()           # this thread's CPU time: neither the shared machine nor
+    #                                        TVM's spinning pool threads left by earlier tests count
     seg = segment_plan(graph, plan)
-    assert time.process_time() - started < 0.5
+    assert time.thread_time() - started < 0.5
     assert 1 < len(seg) < graph.num_ops
     assert sorted(np.concatenate([s.op_ids for s in seg.segments]).tolist()) == list(range(2000))

@@ -279,9 +279,10 @@ def test_all_on_the_host_is_one_segment_and_the_sum_of_the_kernels(make_tiny):
 @pytest.mark.parametrize("shape", ["layered", "branchy"])
 def test_four_requests_of_two_thousand_ops_take_under_a_second(shape):
     graph, costs, plan = random_problem(shape, 2000, 0)
-    started = time.process_time()          # CPU time: the machine is shared
+    started = time.thread_time()           # this thread's CPU time: neither the shared machine nor
+    #                                        TVM's spinning pool threads left by earlier tests count
     tl = simulate_requests(graph, costs, plan, n_requests=4)
-    assert time.process_time() - started < 1.0
+    assert time.thread_time() - started < 1.0
     tl.validate()
     assert len(tl.events_of(3, "segment")) == len(segment_plan(graph, plan))
 
