@@ -339,7 +339,7 @@ def _run_direction(emit: _Emitter, spec: _RnnSpec, inputs, d: int, options: RnnI
             stop = min(spec.seq_len, step + k)
             lo, hi = (spec.seq_len - stop, spec.seq_len - step) if spec.reversed_dirs[d] else (step, stop)
             emit.step = f"p{step}"
-            proj, first_time = project(x_slices(emit, lo, hi)), lo
+            proj, first_time = project(x_slices(emit, lo, hi, d)), lo
         emit.step = step
         time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
         x_gates = emit(relax.op.take(proj, relax.const(time - first_time, "int64"), axis=spec.time_axis,

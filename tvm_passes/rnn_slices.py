@@ -201,11 +201,14 @@ def _replay_step(call: relax.Call, t: int) -> _Step | None:
 
 
 class InputSlices:
-    """``X[lo:hi]`` along ``time_axis`` for one RNN node's input, each slice built once (module docstring)."""
+    """``X[lo:hi]`` along ``time_axis`` for one RNN node's input, each slice built once per direction (module
+    docstring). Per direction: the reverse direction reads time positions in the opposite order, so a slice shared
+    with the forward direction would carry the forward direction's slice tag, and the reverse direction's first
+    slice would read the forward direction's last one -- a dependency backwards in time for the slice grid."""
 
     def __init__(self, bb: relax.BlockBuilder, x: relax.Expr, time_axis: int, seq_len: int) -> None:
         self.x, self.time_axis, self.seq_len = x, time_axis, seq_len
-        self.cache: dict[tuple[int, int], relax.Expr] = {}
+        self.cache: dict[tuple[int, int, int], relax.Expr] = {}
         self.sequence: StepSequence | None = None
         self.steps: list[_Step] = []
         traced = _trace(bb, x)
@@ -227,8 +230,9 @@ class InputSlices:
         """Whether slices are rebuilt from the per-step outputs of the layer below."""
         return self.sequence is not None
 
-    def __call__(self, emit: Emit, lo: int, hi: int) -> relax.Expr:
-        if (lo, hi) not in self.cache:
+    def __call__(self, emit: Emit, lo: int, hi: int, direction: int) -> relax.Expr:
+        key = (direction, lo, hi)
+        if key not in self.cache:
             if hi - lo == self.seq_len:
                 part = self.x
             elif self.sequence is not None:
@@ -237,5 +241,5 @@ class InputSlices:
                     part = step.emit(emit, part, hi - lo)
             else:
                 part = emit(relax.op.strided_slice(self.x, axes=[self.time_axis], begin=[lo], end=[hi]), "xin")
-            self.cache[(lo, hi)] = part
-        return self.cache[(lo, hi)]
+            self.cache[key] = part
+        return self.cache[key]
