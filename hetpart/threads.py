@@ -40,3 +40,15 @@ def ensure_tvm_threads() -> int:
     threads = deployment_threads()
     os.environ[ENV_VAR] = str(threads)
     return threads
+
+
+def _affinity() -> tuple[int, ...]:
+    return tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else \
+        tuple(range(os.cpu_count() or 1))
+
+
+# The cores this process may run on, read when hetpart is imported: before TVM runs a kernel. TVM's pool pins the
+# calling thread to one core on its first parallel launch when it runs one thread (TVM_NUM_THREADS=1), so the main
+# thread's own affinity is not the process's afterwards.
+PROCESS_CORES: tuple[int, ...] = _affinity()
+

@@ -13,8 +13,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+from hetpart.threads import PROCESS_CORES
 
 # Cores other processes may use on average, beyond those the sweep's threads leave free, in a clean sweep: a quiet
 # host's daemons use a few hundredths of a core.
@@ -35,13 +38,13 @@ class CpuUse:
 
 def host_cpus() -> int:
     """The CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return len(PROCESS_CORES)
 
 
 def cpu_use_now() -> CpuUse | None:
     """This moment's :class:`CpuUse`, or None where ``/proc/stat`` cannot be read (not Linux)."""
     try:
-        cpus = sorted(os.sched_getaffinity(0))
+        cpus = PROCESS_CORES
         lines = PROC_STAT.read_text().splitlines()
         tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
     except (OSError, AttributeError, ValueError):

@@ -7,15 +7,13 @@ pool started with (:mod:`hetpart.threads` sets that before TVM loads). ``docs/th
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from hetpart.threads import deployment_threads
+from hetpart.threads import PROCESS_CORES, deployment_threads
 
 _RESTRICTED = threading.local()
-# The cores this process may run on, read before any TVM pool pinned a thread.
-PROCESS_CORES: tuple[int, ...] = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else ()
 
 
 def pool_threads_wanted() -> int:

@@ -14,14 +14,21 @@ timed here once per process (:func:`measured_cpu_link`).
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from hetpart.devices import (DEFAULT_GPU_PRESET, DeviceSet, DeviceSpec, Link, cpu_device, gpu_from_preset,
-                             preset_links)
+from hetpart.devices import (
+    DEFAULT_GPU_PRESET,
+    DeviceSet,
+    DeviceSpec,
+    Link,
+    cpu_device,
+    gpu_from_preset,
+    preset_links,
+)
 from hetpart.errors import UnknownDeviceError
+from hetpart.threads import PROCESS_CORES
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +73,7 @@ def parse_cores(text: str, spec: str) -> tuple[int, ...]:
     except ValueError:
         raise UnknownDeviceError(f"cpu:{text} in --devices {spec!r}: cores must be N, N-M or N+M (e.g. cpu:0,cpu:1)"
                                  ) from None
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    allowed = list(PROCESS_CORES)
     if not cores or len(set(cores)) != len(cores) or not set(cores) <= set(allowed):
         raise UnknownDeviceError(f"cpu:{text} in --devices {spec!r}: cores must be distinct and among this process's "
                                  f"cores {allowed}")

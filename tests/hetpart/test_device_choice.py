@@ -37,6 +37,18 @@ def test_two_cpu_devices_on_their_own_cores():
 
 
 @two_cores
+def test_cpu_devices_are_checked_against_the_process_cores_not_a_pinned_thread():
+    """TVM pins the thread that launches its first kernel to one core when it runs one thread (TVM_NUM_THREADS=1):
+    the process may still use every core, and --devices must still accept them."""
+    a, b = CORES[:2]
+    os.sched_setaffinity(0, {a})
+    try:
+        assert parse_devices(f"cpu:{a},cpu:{b}").devices.device("cpu1").cores == (b,)
+    finally:
+        os.sched_setaffinity(0, CORES)
+
+
+@two_cores
 def test_a_core_range_is_one_device():
     a, b = CORES[:2]
     choice = parse_devices(f"cpu:{a}-{b}" if b == a + 1 else f"cpu:{a}+{b}")
