@@ -153,6 +153,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
                                cpu_predictor=args.cpu_predictor, output_dir=out_dir, overwrite=args.force,
                                segments=args.segments, requests=args.requests, slice_steps=args.slice_steps,
                                rnn_projection=args.rnn_projection,
+                               partition_options=({"timeslice_segments": args.timeslice_segments}
+                                                  if args.timeslice_segments else None),
                                progress=lambda msg: (progress.update(task, description=msg), log.info("%s", msg)))
     s = summary(compiled._report_data())
     console.print(f"[bold]{s['model']}[/bold]: {s['method']} plan, predicted {s['makespan_us']:,.0f} µs per inference")
@@ -268,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "slice (default 1); with --rnn-projection per_slice also the steps per input projection")
     p.add_argument("--rnn-projection", choices=("hoisted", "per_slice"), default=None, help="unroll ONNX RNNs with "
                    "one input projection over all steps (hoisted, the default) or one per --slice-steps steps")
+    p.add_argument("--timeslice-segments", choices=("runtime", "slices"), default=None, help="timeslice: run the "
+                   "plan on the task runtime as maximal one-device segments (runtime, the default) or as one segment "
+                   "per time-slice task, which lets requests interleave at slice boundaries (slices; the scheduler "
+                   "simulates both and keeps the better cut for this choice)")
     p.add_argument("--pin", action="append", default=[], metavar="OP=DEVICE",
                    help="force ops (name, glob, or op:relax.nn.conv2d) onto a device (repeatable)")
     p.add_argument("--plan", type=Path, help="use this plan.json (e.g. an edited one) instead of planning")

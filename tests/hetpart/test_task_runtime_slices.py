@@ -1,7 +1,7 @@
 """A time-slice plan run by the task runtime as its slice tasks, on two CPU devices of one core each: the compile ->
 artifact -> TaskRuntime path builds one segment per (layer, slice) task, each device issues them in (request, slice,
 layer) order, and the outputs match onnxruntime with 1 and 8 requests in flight (2-layer bidirectional LSTM and GRU,
-and a 2-layer LSTM with input projections per slice). Timing is the benchmark's business (benchmarks/rnn_pipeline.py --measured)."""
+and a 2-layer bidirectional LSTM with input projections per slice). Timing is the benchmark's business (benchmarks/rnn_pipeline.py --measured)."""
 from __future__ import annotations
 
 import os
@@ -32,7 +32,7 @@ BIDIRECTIONAL = dict(seq=6, batch=1, input_size=5, hidden=8, num_layers=2, direc
 CASES = {   # name: (cell, model options, input projection)
     "LSTM-bidirectional": ("LSTM", BIDIRECTIONAL, "hoisted"),
     "GRU-bidirectional": ("GRU", {**BIDIRECTIONAL, "linear_before_reset": 1}, "hoisted"),
-    "LSTM-per-slice": ("LSTM", {**BIDIRECTIONAL, "direction": "forward"}, "per_slice"),
+    "LSTM-bidirectional-per-slice": ("LSTM", BIDIRECTIONAL, "per_slice"),
 }
 
 
@@ -161,3 +161,35 @@ def test_compile_refuses_partition_options_given_twice(tmp_path):
                         partition_options={"requests": 8})
     with pytest.raises(InvalidPlanError, match="unknown partition options"):
         hetpart.compile("lstm_lm", devices=SPEC, method="timeslice", partition_options={"segments": "slices"})
+
+
+def test_cli_timeslice_segments_reaches_the_scheduler(tmp_path):
+    """`hetpart compile --method timeslice --timeslice-segments slices` simulates the cuts with one segment per slice
+    task too (candidates of both segmentations in the plan), and the artifact's segments follow the chosen one."""
+    import json
+
+    from hetpart.driver.cli import build_parser
+
+    model, _ = build_rnn_model("LSTM", **{**BIDIRECTIONAL, "direction": "forward"})
+    onnx.save(model, tmp_path / "lstm.onnx")
+    out = tmp_path / "out"
+    args = build_parser().parse_args(["compile", str(tmp_path / "lstm.onnx"), "--devices", SPEC, "--method",
+                                      "timeslice", "--requests", "4", "--slice-steps", str(SLICE_STEPS),
+                                      "--timeslice-segments", "slices", "--segments", "-o", str(out)])
+    assert args.func(args) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["config"]["timeslice_segments"] == "slices"
+    cut_rows = [row for row in plan["stats"]["candidates"] if row["candidate"] == "cut"]
+    assert {row["segments"] for row in cut_rows} == {"runtime", "slices"}
+    info = json.loads((out / "compile.json").read_text())["task_runtime"]
+    if plan["stats"]["segments"] == "slices":
+        assert info["segments"] == len(build_slice_grid(_kernel_graph(str(tmp_path / "lstm.onnx"), "hoisted"),
+                                                        SLICE_STEPS).tasks)
+    rng = np.random.default_rng(3)
+    feeds = {i.name: rng.uniform(-1, 1, [d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    expected = ort.InferenceSession(str(tmp_path / "lstm.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+    with hetpart.load(out, mode="tasks") as runtime:
+        got = runtime(*feeds.values())
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
