@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-predictor", type=Path, help="CPU latency predictor JSON (default: the shipped one)")
     p.add_argument("-o", "--output", type=Path, help="output directory, new or empty (default hetpart-out/MODEL)")
     p.add_argument("--segments", action="store_true", help="also build the plan's segments for the task runtime "
-                   "(hetpart run --mode tasks; GPU emulated only)")
+                   "(hetpart run --mode tasks; the GPU's segments are emulated on the CPU where there is no CUDA)")
     p.add_argument("--force", action="store_true", help="replace an earlier hetpart output in the output directory "
                    "(files hetpart did not write are never deleted)")
     p.set_defaults(func=cmd_compile)

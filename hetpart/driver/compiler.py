@@ -210,7 +210,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     for. ``method``: a partitioner of :data:`hetpart.partition.METHODS` (default ``DEFAULT_METHOD``). ``plan``: a
     plan.json (or Plan) to compile as it is instead of planning. ``output_dir``: write the executable, plans and
     report there; it must be new or empty, or an earlier hetpart output with ``overwrite=True``. ``segments=True``
-    also builds the plan's segments for the task runtime (``hetpart.load(dir, mode="tasks")``; GPU emulated only).
+    also builds the plan's segments for the task runtime (``hetpart.load(dir, mode="tasks")``; the GPU's segments compiled for CUDA, or emulated without it).
     ``requests``, ``slice_steps``: the ``timeslice`` method's requests in flight and steps per time slice;
     ``rnn_projection="per_slice"`` imports ONNX RNNs with one input projection per ``slice_steps`` steps
     (``tvm_passes.rnn``). ``partition_options``: further :class:`hetpart.partition.PartitionConfig` options, e.g.
