@@ -1,7 +1,8 @@
 """Where hetpart keeps what it builds and measures outside the repository (standard library only).
 
 Everything lives under one root: ``$HETPART_CACHE_DIR`` when set, else ``~/.cache/hetpart``: built zoo models
-(``models/``), the profile database (``profiles.sqlite``), MetaSchedule records (``tuning/``) and host calibration
+(``models/``), the profile database (``profiles.sqlite``), predictors fitted by ``hetpart fit`` (``predictors/``),
+MetaSchedule records (``tuning/``) and host calibration
 timings (``calibration/``).
 """
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Which CPU predictor prices this host's kernels, and how it is fitted to this host.
 
-hetpart ships one CPU predictor per CPU core type (``predictors/data/cpu_<mcpu>.json``, plus ``cpu_default.json``).
-:func:`load_cpu_predictor` picks the one for this host's CPU (or the one the user names), warns when it was measured
+hetpart ships one CPU predictor per CPU core type (``predictors/data/cpu_<mcpu>.json``, plus ``cpu_default.json``);
+``hetpart fit`` writes one measured on the host into the cache (``$HETPART_CACHE_DIR/predictors/``).
+:func:`load_cpu_predictor` picks the one for this host's CPU -- fitted here, else shipped -- (or the one the user
+names), warns when it was measured
 on another CPU, with another TVM thread count or on kernels of older CPU rules, and scales a foreign one by the
 calibration suite of :mod:`predictors.host_calibration` (only a clean calibration is used: on a busy host the
 predictor stays unscaled, with a warning). :func:`cpu_cost_note` is the report's line saying all of that.
@@ -15,13 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hetpart.errors import PredictorError
+from hetpart.errors import OutputDirError, PredictorError
+from hetpart.paths import cache_root
 from hetpart.threads import deployment_threads
 from predictors import host_calibration
 from predictors.host_calibration import FreshTiming, HostCalibration
@@ -51,21 +55,49 @@ def host_cpu_name() -> str:
     return str(default_cpu_target().attrs["mcpu"])
 
 
-def cpu_predictor_path_for(cpu_name: str) -> Path:
-    """predictors/data/cpu_<cpu_name>.json: where ``hetpart fit`` writes, and the loader looks first."""
+def shipped_cpu_predictor_path(cpu_name: str) -> Path:
+    """predictors/data/cpu_<cpu_name>.json: the predictor shipped with hetpart for that CPU (may not exist)."""
     return Path(str(resources.files("predictors") / "data" / f"cpu_{cpu_name}.json"))
 
 
-def default_cpu_predictor_path(cpu_name: str | None = None) -> Path:
-    """The predictor fitted for this host's CPU (``cpu_<mcpu>.json``) if there is one, else ``cpu_default.json``.
+def fitted_cpu_predictor_path(cpu_name: str) -> Path:
+    """``$HETPART_CACHE_DIR/predictors/cpu_<cpu_name>.json``: where ``hetpart fit`` writes by default, and what the
+    loader picks first -- a predictor measured on this very host. Kept out of the installed package, which may be
+    read-only and whose shipped predictors a fit must not replace."""
+    return cache_root() / "predictors" / f"cpu_{cpu_name}.json"
 
-    One machine kind is not one CPU here: the same 2-core VMs ran on AMD Zen 5 (znver5), Zen 4 (znver4) and Intel
-    (rocketlake) cores, where the profiler's canary kernel takes 70, 147-152 and 105 µs and other kernels differ by
-    other factors, so a predictor is only valid on the CPU it was measured on (:func:`load_cpu_predictor` scales one
-    from another CPU by a calibration suite timed on the host)."""
+
+def default_cpu_predictor_path(cpu_name: str | None = None) -> Path:
+    """The predictor for this host's CPU: one fitted here (:func:`fitted_cpu_predictor_path`), else the shipped
+    ``cpu_<mcpu>.json``, else ``cpu_default.json``.
+
+    One machine kind is not one CPU here: the same 2-core VMs ran on AMD Zen 5 (znver5), Zen 4 (znver4), Zen 3
+    (znver3) and Intel (rocketlake) cores, where the profiler's canary kernel takes 70, 147-152 and 105 µs (Zen 5,
+    Zen 4, Intel) and other kernels differ by other factors, so a predictor is only valid on the CPU it was
+    measured on (:func:`load_cpu_predictor` scales one from another CPU by a calibration suite timed on the
+    host)."""
     cpu_name = cpu_name if cpu_name is not None else host_cpu_name()
-    matched = cpu_predictor_path_for(cpu_name)
-    return matched if matched.exists() else Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
+    for candidate in (fitted_cpu_predictor_path(cpu_name), shipped_cpu_predictor_path(cpu_name)):
+        if candidate.exists():
+            return candidate
+    return Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
+
+
+def check_predictor_output(path: str | Path) -> None:
+    """Raise :class:`OutputDirError` unless ``path`` is free or holds a predictor hetpart wrote (JSON of this
+    format): ``hetpart fit`` never replaces a file it did not write."""
+    path = Path(path)
+    if not path.exists():
+        return
+    from predictors.device_predictor import PREDICTOR_FORMAT
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        data = None
+    if not path.is_file() or not isinstance(data, dict) or data.get("format") != PREDICTOR_FORMAT:
+        raise OutputDirError(f"{path} exists and is not a predictor hetpart wrote (a JSON file of format "
+                             f"{PREDICTOR_FORMAT!r}); it is left alone. Give another path with -o, or move it away")
 
 
 def resolve_cpu_predictor_path(path: str | Path | None = None) -> Path:
@@ -199,7 +231,7 @@ def _warn_foreign(path: Path, predictor: Any, host: str, threads: int, foreign_c
                 f"calibration, suite timed {calibration.measured_at}), a first-order correction "
                 "(benchmarks/results/predictor_transfer*.md)")
     fit = (f"profile and fit on this host for costs measured here: {FIT_HERE} writes "
-           f"{cpu_predictor_path_for(host)}, which is then used by default"
+           f"{fitted_cpu_predictor_path(host)}, which is then used by default"
            + (" (run it with the deployment's TVM_NUM_THREADS)" if foreign_threads else ""))
     busy = calibration is not None and calibration.status == "none-fallback" and calibration.measured_at
     fix = (f"Compile again when the host is quiet (a clean calibration is then kept for later compiles), or {fit}"

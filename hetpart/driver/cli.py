@@ -197,12 +197,14 @@ def cmd_zoo(args: argparse.Namespace) -> int:
     import models
 
     table = Table(title="model zoo")
-    for col in ("name", "family", "kind", "default input", "published GMACs"):
+    for col in ("name", "family", "kind", "default input", "--size is", "sizes", "published GMACs"):
         table.add_column(col)
     for name in sorted(models.ZOO):
         info = models.ZOO[name]
-        table.add_row(name, info.family, info.kind, str(getattr(info, "default_input_shapes", "")),
-                      "" if getattr(info, "published_gmacs", None) is None else f"{info.published_gmacs}")
+        sizes = (f"{info.min_size}-{info.max_size}" if info.max_size else f">= {info.min_size}") + \
+            (f", multiples of {info.size_multiple}" if info.size_multiple > 1 else "")
+        table.add_row(name, info.family, info.kind, "x".join(map(str, info.input_shape())), info.size_meaning, sizes,
+                      "" if info.published_gmacs is None else f"{info.published_gmacs}")
     _console().print(table)
     return 0
 
@@ -224,7 +226,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="bind an input's shape, e.g. --input-shape input=1,3,224,224 (repeatable)")
     p.add_argument("--batch", type=_positive_int, default=None, help="batch size for zoo models (default 1)")
     p.add_argument("--size", type=_positive_int, default=None,
-                   help="input size for zoo models (H=W, or sequence length)")
+                   help="input size for zoo models: what it sets depends on the model (image side, sequence length, "
+                   "frames, ...; `hetpart zoo` lists it per model)")
 
 
 def _version() -> str:

@@ -70,11 +70,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from predictors.registry import cpu_predictor_path_for, host_cpu_name
     from predictors.fitting.training import fit_from_db
+    from predictors.registry import check_predictor_output, fitted_cpu_predictor_path, host_cpu_name
 
     db = args.db or default_db()
-    output = args.output or cpu_predictor_path_for(host_cpu_name())
+    output = args.output or fitted_cpu_predictor_path(host_cpu_name())
+    check_predictor_output(output)
     predictor, info = fit_from_db(db, device=args.device, output=output)
     ctx = predictor.context
     bound, probed = info.get("cache_bound_bytes"), info.get("effective_cache_bytes")
@@ -140,8 +141,10 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("fit", help="fit a latency predictor from a profile database (JSON, no pickles)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--db", type=Path, help=f"profile database (default {default_db()})")
-    p.add_argument("-o", "--output", type=Path, help="predictor JSON to write (default: predictors/data/"
-                   "cpu_<this host's CPU>.json, e.g. cpu_znver4.json, which hetpart compile then uses on this CPU)")
+    p.add_argument("-o", "--output", type=Path, help="predictor JSON to write (default: "
+                   "predictors/cpu_<this host's CPU>.json in the cache, e.g. ~/.cache/hetpart/predictors/cpu_znver4.json, "
+                   "which hetpart compile then uses on this CPU); an existing file is replaced only if it is a "
+                   "predictor hetpart wrote")
     p.set_defaults(func=cmd_fit)
 
     p = subparsers.add_parser("evaluate", help="honest error report of the predictors (leave-one-model-out, "

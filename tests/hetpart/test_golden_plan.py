@@ -24,7 +24,7 @@ def plan_now() -> dict:
     from predictors.analytic import AnalyticGpuModel
     from predictors.costs import build_cost_table
     from predictors.device_predictor import DevicePredictor
-    from predictors.registry import cpu_predictor_path_for
+    from predictors.registry import shipped_cpu_predictor_path
     from tvm_passes import sources
     from tvm_passes.extract import extract_op_graph
 
@@ -32,7 +32,7 @@ def plan_now() -> dict:
     graph = extract_op_graph(imported.mod, name=imported.name, source_hash=imported.source_hash,
                              param_inputs=imported.param_inputs).kernel_graph()
     choice = parse_devices(f"cpu,gpu={PRESET}")
-    cpu = DevicePredictor.load(cpu_predictor_path_for("znver4"))
+    cpu = DevicePredictor.load(shipped_cpu_predictor_path("znver4"))
     costs = build_cost_table(graph, {"cpu": cpu, "gpu": AnalyticGpuModel(PRESET)}, choice.devices)
     plan = get_method(METHOD)(graph, costs, None)
     return {"graph_hash": graph.structure_hash(), "latency_us": costs.latency_us.tolist(),

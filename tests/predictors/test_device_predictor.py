@@ -246,7 +246,7 @@ def test_shipped_cpu_predictor_loads_with_this_feature_schema():
 def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features(fitted_predictor, tmp_path):
     """Schema 7 added the batch to conv2d's features; schema-6 files (the shipped Zen 5 predictor, whose database
     is gone) keep predicting with the 9 conv features they were fitted on, and stay schema 6 when saved again."""
-    from predictors.registry import cpu_predictor_path_for
+    from predictors.registry import shipped_cpu_predictor_path
     from tests.predictors.synthetic_kernels import conv_node
 
     assert "batch" in KIND_FEATURES["conv2d"] and "batch" not in KIND_FEATURES_BY_SCHEMA[6]["conv2d"]
@@ -259,7 +259,7 @@ def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features
     fresh = fitted_predictor[0]
     assert fresh.provenance()["feature_schema_version"] == FEATURE_SCHEMA_VERSION
     assert "batch" in fresh.provenance()["training_ranges"]["conv2d"]
-    old = DevicePredictor.load(cpu_predictor_path_for("znver5"))
+    old = DevicePredictor.load(shipped_cpu_predictor_path("znver5"))
     assert old.feature_schema_version == 6 and "batch" not in old.provenance()["training_ranges"]["conv2d"]
     nodes = [conv_node(0, batch, 64, 64, 56, 3) for batch in (1, 4)]
     with warnings.catch_warnings():
@@ -274,9 +274,9 @@ def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features
 
 def test_every_shipped_cpu_predictor_is_named_for_the_cpu_it_was_measured_on():
     """predictors/data/cpu_<mcpu>.json is chosen on a host whose CPU is <mcpu>: the name must be the truth."""
-    from predictors.registry import cpu_predictor_path_for, default_cpu_predictor_path
+    from predictors.registry import default_cpu_predictor_path, shipped_cpu_predictor_path
 
-    shipped = sorted(cpu_predictor_path_for("x").parent.glob("cpu_*.json"))
+    shipped = sorted(shipped_cpu_predictor_path("x").parent.glob("cpu_*.json"))
     assert len(shipped) >= 2
     for path in shipped:
         predictor = DevicePredictor.load(path)
@@ -312,15 +312,15 @@ def test_a_predictor_from_another_cpu_is_warned_and_fit_writes_one_for_this_cpu(
         assert ("measured on a znver5 CPU; this host is a znver4" in caplog.text) is warned
         assert ("cpu_znver4.json" in caplog.text) is warned           # where `hetpart fit` will put this host's
     # `hetpart fit` without -o writes the file the loader picks on this host
-    monkeypatch.setattr(registry, "cpu_predictor_path_for", lambda name: tmp_path / f"cpu_{name}.json")
+    monkeypatch.setenv("HETPART_CACHE_DIR", str(tmp_path))
     db = tmp_path / "p.sqlite"
     build_fake_db(db)
     parser = argparse.ArgumentParser()
     cli_predictors.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["fit", "--db", str(db)])
     assert args.func(args) == 0
-    assert (tmp_path / "cpu_znver4.json").exists()
-    assert registry.default_cpu_predictor_path("znver4") == tmp_path / "cpu_znver4.json"
+    assert (tmp_path / "predictors" / "cpu_znver4.json").exists()
+    assert registry.default_cpu_predictor_path("znver4") == tmp_path / "predictors" / "cpu_znver4.json"
 
 
 def test_kind_models_leave_the_schema_s_excluded_features_out_of_the_correction():
