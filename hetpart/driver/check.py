@@ -25,13 +25,12 @@ DEFAULT_INTEGER_HIGH = 2          # integer inputs that index nothing (masks, fl
 MAX_ORT_IR_VERSION = 10
 
 
-def integer_input_ranges(graph: OpGraph) -> dict[str, tuple[int, int]]:
-    """For each integer graph input, the half-open range ``[0, high)`` of values valid for this model.
-
-    An input that (through integer element-wise ops, e.g. the negative-index wrap of ONNX Gather) selects rows of
-    a table with ``relax.take`` is valid below the table's length on the taken axis (an embedding's vocabulary);
-    the smallest such length wins. Other integer inputs get ``[0, 2)``."""
-    ranges: dict[str, tuple[int, int]] = {}
+def index_input_bounds(graph: OpGraph) -> dict[str, int]:
+    """For each integer graph input that (through integer element-wise ops, e.g. the negative-index wrap of ONNX
+    Gather) selects rows of a table with ``relax.take``: the table's length on the taken axis (an embedding's
+    vocabulary; the smallest such length wins). ONNX Gather takes indices in ``[-length, length)``; TVM's ``take``
+    reads out of bounds (no check) beyond that, so the runtimes refuse such inputs (:func:`check_inputs`)."""
+    bounds: dict[str, int] = {}
     successors = graph.successors()
     for spec in graph.inputs:
         if not np.issubdtype(np.dtype(spec.dtype), np.integer):
@@ -50,8 +49,17 @@ def integer_input_ranges(graph: OpGraph) -> dict[str, tuple[int, int]]:
                 continue
             if node.output_dtypes and np.issubdtype(np.dtype(node.output_dtypes[0]), np.integer):
                 frontier.extend(successors[op_id])
-        ranges[spec.name] = (0, min(highs) if highs else DEFAULT_INTEGER_HIGH)
-    return ranges
+        if highs:
+            bounds[spec.name] = min(highs)
+    return bounds
+
+
+def integer_input_ranges(graph: OpGraph) -> dict[str, tuple[int, int]]:
+    """For each integer graph input, the half-open range ``[0, high)`` of values valid for this model: below the
+    table length of :func:`index_input_bounds` for an input that indexes a table, else ``[0, 2)``."""
+    bounds = index_input_bounds(graph)
+    return {spec.name: (0, bounds.get(spec.name, DEFAULT_INTEGER_HIGH)) for spec in graph.inputs
+            if np.issubdtype(np.dtype(spec.dtype), np.integer)}
 
 
 def sample_inputs(inputs: Sequence[Mapping], graph: OpGraph | None, seed: int = 0) -> dict[str, np.ndarray]:

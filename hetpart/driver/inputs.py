@@ -8,10 +8,12 @@ import numpy as np
 from hetpart.errors import InputMismatchError
 
 
-def check_inputs(specs: Sequence[Mapping[str, Any]], args: Sequence[Any],
-                 named: Mapping[str, Any]) -> list[np.ndarray]:
+def check_inputs(specs: Sequence[Mapping[str, Any]], args: Sequence[Any], named: Mapping[str, Any],
+                 index_bounds: Mapping[str, int] | None = None) -> list[np.ndarray]:
     """Model inputs as contiguous numpy arrays of the compiled shapes and dtypes, given positionally or by name
-    (a same-kind dtype is cast, e.g. float64 -> float32)."""
+    (a same-kind dtype is cast, e.g. float64 -> float32). ``index_bounds``: for inputs that index a table (token
+    ids into an embedding; :func:`hetpart.driver.check.index_input_bounds`), its length ``n``: their values must
+    lie in ONNX Gather's ``[-n, n)``, since the compiled gather does not check them."""
     names = [str(s["name"]) for s in specs]
     if args and named:
         raise InputMismatchError("pass inputs either positionally or by name, not both")
@@ -33,5 +35,14 @@ def check_inputs(specs: Sequence[Mapping[str, Any]], args: Sequence[Any],
             if not np.can_cast(array.dtype, dtype, casting="same_kind"):
                 raise InputMismatchError(f"input {spec['name']!r} must be {dtype}; got {array.dtype}")
             array = array.astype(dtype)
+        bound = (index_bounds or {}).get(str(spec["name"]))
+        if bound is not None and array.size:
+            outside = (array < -bound) | (array >= bound)
+            if outside.any():
+                where = tuple(int(i) for i in np.argwhere(outside)[0])
+                raise InputMismatchError(
+                    f"input {spec['name']!r} indexes a table of {bound} rows (e.g. a vocabulary): its values must lie "
+                    f"in [{-bound}, {bound}); found {array[where]} at {list(where)} ({int(outside.sum())} outside). "
+                    "Map the ids into the table's range")
         arrays.append(np.ascontiguousarray(array))
     return arrays

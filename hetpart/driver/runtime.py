@@ -55,6 +55,7 @@ class CompiledRuntime:
             raise BuildError(f"cannot load {library}: {exc}") from exc
         self._relax = relax
         self._tvm = tvm
+        self.index_bounds = recorded_index_bounds(self.directory)
         self._vm = None
         self._main = None
 
@@ -72,7 +73,7 @@ class CompiledRuntime:
                 f"{', GPU EMULATED on CPU' if self.emulated else ''})")
 
     def __call__(self, *args: Any, **named: Any) -> list[np.ndarray]:
-        arrays = check_inputs(self.manifest.inputs, args, named)
+        arrays = check_inputs(self.manifest.inputs, args, named, self.index_bounds)
         if self._vm is None:  # one VM per runtime object; a VM is not thread-safe (share the directory instead)
             devices = self.manifest.runtime_devices()
             self._vm = self._relax.VirtualMachine(self._executable, devices)
@@ -96,6 +97,18 @@ def _flatten(result: Any) -> list[Any]:
 MODES = ("sequential", "tasks")
 
 
+def recorded_index_bounds(directory: str | Path) -> dict[str, int]:
+    """The table length of each input that indexes a table (``hetpart.driver.check.index_input_bounds``), as the
+    compile recorded it in compile.json; empty for an output written before it was recorded."""
+    from hetpart.driver.compiler import COMPILE_INFO
+
+    path = Path(directory) / COMPILE_INFO
+    try:
+        return {str(k): int(v) for k, v in json.loads(path.read_text()).get("index_bounds", {}).items()}
+    except (OSError, json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return {}
+
+
 def load(directory: str | Path, mode: str = "sequential", **task_options: Any) -> Any:
     """Load a directory written by ``hetpart compile`` / ``CompiledModel.save``.
 
@@ -113,4 +126,5 @@ def load(directory: str | Path, mode: str = "sequential", **task_options: Any) -
     if not (Path(directory) / SEGMENTS_MANIFEST).exists():
         raise UsageError(f"{directory} holds no segments for the task runtime; compile with --segments (Python: "
                          "compile(..., segments=True)) or load it with mode='sequential'")
+    task_options.setdefault("index_bounds", recorded_index_bounds(directory))
     return TaskRuntime(load_segments(directory), **task_options)

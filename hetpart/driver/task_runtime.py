@@ -97,13 +97,14 @@ class TaskRuntime:
 
     def __init__(self, build: Any, *, runtime_devices: Mapping[str, Any] | None = None, host: str | None = None,
                  threads_per_device: Mapping[str, int] | None = None, start_timeout_s: float = 120.0,
-                 trace: bool = False):
+                 trace: bool = False, index_bounds: Mapping[str, int] | None = None):
         ensure_tvm_threads()
         import tvm
 
         self._tvm = tvm
         self.build = build
         self.program = build.program
+        self.index_bounds = dict(index_bounds or {})      # inputs indexing a table: its rows (check.index_input_bounds)
         recorded = list(getattr(build, "devices", ()) or ())
         self.host = host or (recorded[0]["name"] if recorded else "cpu")
         functions = self.program.functions
@@ -160,6 +161,7 @@ class TaskRuntime:
         """Build the segments of the op-level ``plan`` of ``graph`` (the OpGraph of ``mod["main"]``) and start.
         ``segmentation``: the op-level segments to run (checked against the graph and plan), e.g. one per time-slice
         task (``hetpart.driver.task_segments.runtime_segmentation``); by default ``segment_plan(graph, plan)``."""
+        from hetpart.driver.check import index_input_bounds
         from hetpart.segments import segment_plan
         from tvm_passes.segment_build import build_segments
 
@@ -167,6 +169,7 @@ class TaskRuntime:
             raise InvalidPlanError(f"the task runtime segments an op-level plan; found level={plan.level!r} "
                                    "(expand a kernel plan with hetpart.driver.compiler.expand_plan)")
         segmentation = segment_plan(graph, plan) if segmentation is None else segmentation.validate(graph, plan)
+        kwargs.setdefault("index_bounds", index_input_bounds(graph))
         return cls(build_segments(mod, segmentation, gpu_devices, tuning_database=tuning_database,
                                   devices=devices), **kwargs)
 
@@ -215,7 +218,7 @@ class TaskRuntime:
         """Admit one request; its future gives the outputs (list of numpy arrays) or the request's exception."""
         future: Future = Future()
         try:
-            arrays = check_inputs(self.input_specs, args, named)
+            arrays = check_inputs(self.input_specs, args, named, self.index_bounds)
         except InputMismatchError as exc:
             future.set_exception(exc)
             return future

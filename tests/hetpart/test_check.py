@@ -6,8 +6,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from hetpart.driver.check import (compare_outputs, integer_input_ranges, load_input_file, onnxruntime_reference,
-                           sample_inputs)
+from hetpart.driver.check import (compare_outputs, index_input_bounds, integer_input_ranges, load_input_file,
+                                  onnxruntime_reference, sample_inputs)
+from hetpart.driver.inputs import check_inputs
 from hetpart.errors import InputMismatchError, ModelLoadError
 from hetpart.graph import Edge, OpGraph, OpNode, TensorSpec
 
@@ -53,6 +54,23 @@ def test_integer_inputs_are_sampled_in_their_valid_range():
     assert feeds["tokens"].max() > 1, "token ids must not all be zero"
     assert set(np.unique(feeds["mask"])) <= {0, 1} and feeds["x"].dtype == np.float32
     assert all(np.array_equal(a, b) for a, b in zip(feeds.values(), sample_inputs(specs, graph, seed=1).values()))
+
+
+def test_ids_outside_the_table_are_refused_before_the_unchecked_gather_reads_them():
+    """ONNX Gather takes ids in [-n, n); the compiled take does not check them (it would read out of bounds)."""
+    graph = _embedding_graph()
+    bounds = index_input_bounds(graph)
+    assert bounds == {"tokens": 1000}                              # the mask indexes nothing
+    specs = [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in graph.inputs]
+    mask, x = np.ones(8, np.int32), np.zeros(2, np.float32)
+    for ok in (np.arange(8) * 100, np.full(8, -1000), np.full(8, 999)):
+        arrays = check_inputs(specs, [ok, mask, x], {}, bounds)
+        np.testing.assert_array_equal(arrays[0], ok)
+    for bad, value in ((np.full(8, 1000), 1000), (np.full(8, -1001), -1001)):
+        with pytest.raises(InputMismatchError, match=rf"'tokens' indexes a table of 1000 rows.*\[-1000, 1000\); "
+                                                     rf"found {value} at \[0\] \(8 outside\)"):
+            check_inputs(specs, [bad, mask, x], {}, bounds)
+    check_inputs(specs, [np.full(8, 5000), np.full(8, 7, np.int32), x], {})     # no bounds given: not checked
 
 
 def test_input_files_give_typed_errors(tmp_path):

@@ -54,7 +54,7 @@ def test_zoo_cnn_mixed_plan_matches_onnxruntime(name):
         assert float(np.max(np.abs(a - b))) <= 1e-4 * scale, (float(np.max(np.abs(a - b))), scale)
 
 
-def test_lstm_language_model_mixed_plan_matches_onnxruntime():
+def test_lstm_language_model_mixed_plan_matches_onnxruntime(tmp_path):
     compiled = hetpart.compile("lstm_lm", size=8, devices="cpu,gpu=t4", method="all_gpu",
                                pins={"op:relax.take": "cpu", "rnn0*": "cpu"})
     assert set(compiled.plan.device_of) == {"cpu", "gpu"}
@@ -67,6 +67,14 @@ def test_lstm_language_model_mixed_plan_matches_onnxruntime():
     ours = compiled(*feeds.values())
     for a, b in zip(ours, session.run(None, feeds)):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    # token ids past the vocabulary are refused (the compiled gather would read beyond the table), here and loaded
+    (name, vocab), = compiled.index_bounds.items()
+    bad = {k: (np.full_like(v, vocab) if k == name else v) for k, v in feeds.items()}
+    with pytest.raises(InputMismatchError, match=f"'{name}' indexes a table of {vocab} rows"):
+        compiled(*bad.values())
+    compiled.save(tmp_path / "lm")
+    with pytest.raises(InputMismatchError, match=f"found {vocab} at"):
+        hetpart.load(tmp_path / "lm")(*bad.values())
 
 
 @pytest.fixture(scope="module")
