@@ -3,8 +3,10 @@
 
 Per model, in one process:
 
-1. ``hetpart.compile(model, devices="cpu:A,cpu:B", method=..., segments=True)``: the plan, its costs (the CPU
-   predictor at one thread, scaled to this host when a clean calibration exists) and the segment executable;
+1. ``hetpart.compile(model, devices="cpu:A,cpu:B", method=..., segments=True, requests=R)``: the plan, made for
+   the task runtime (its overhead per segment measured first; chosen by the simulated makespan of ``--requests``
+   requests), its costs (the CPU predictor at one thread, scaled to this host when a clean calibration exists)
+   and the segment executable;
 2. the runtime's overhead per segment, measured here (``hetpart.driver.runtime_overhead``), which the simulation
    adds to every segment;
 3. measured: the latency of one request (median of repeated single requests) and the steady-state period of
@@ -107,7 +109,8 @@ def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args) -
     from tvm_passes.thread_pool import restricted_pool
 
     started = time.perf_counter()
-    compiled = hetpart.compile(name, devices=spec, method=method, segments=True, size=args.size)
+    compiled = hetpart.compile(name, devices=spec, method=method, segments=True, size=args.size,
+                               requests=args.requests)      # planned for the runtime, R requests in flight
     single = hetpart.compile(name, devices="cpu", method="all_cpu", size=args.size)
     compile_s = time.perf_counter() - started
     devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in compiled.costs.devices.devices]

@@ -267,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default=DEFAULT_METHOD, choices=sorted(METHODS), metavar="METHOD",
                    help=f"partitioner: {', '.join(sorted(METHODS))} (default {DEFAULT_METHOD}; milp and "
                    "exhaustive are exact and only for small graphs)")
-    p.add_argument("--requests", type=_positive_int, default=None, help="timeslice: requests in flight whose "
-                   "simulated makespan the plan minimises (default 1)")
+    p.add_argument("--requests", type=_positive_int, default=None, help="timeslice, portfolio: requests in "
+                   "flight whose simulated makespan the plan minimises, as the task runtime runs them (default 1)")
     p.add_argument("--slice-steps", type=_positive_int, default=None, help="timeslice: recurrence steps per time "
                    "slice (default 1); with --rnn-projection per_slice also the steps per input projection")
     p.add_argument("--rnn-projection", choices=("hoisted", "per_slice"), default=None, help="unroll ONNX RNNs with "

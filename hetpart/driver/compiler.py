@@ -18,6 +18,7 @@ import numpy as np
 
 from hetpart.costs import CostTable
 from hetpart.driver.device_choice import DEFAULT_DEVICES, DeviceChoice, parse_devices
+from hetpart.driver.inputs import check_inputs
 from hetpart.errors import DegeneratePlanWarning, InvalidPlanError, UsageError
 from hetpart.graph import OpGraph
 from hetpart.plan import Plan, Timeline
@@ -60,6 +61,7 @@ class CompiledModel:
     segments: Any = None            # tvm_passes.segment_build.SegmentBuild for the task runtime (compile(segments=True))
     task_runtime: dict[str, Any] | None = None   # its predicted figures (report_fidelity.predict_task_runtime)
     _runner: Any = None
+    _index_bounds: dict[str, int] | None = None
 
     def _report_data(self):
         from hetpart.driver.report import ReportData
@@ -99,7 +101,8 @@ class CompiledModel:
             self.op_graph.save(staging / "graph.json")
             (staging / "timeline.json").write_text(json.dumps(self.timeline.to_dict()))
             (staging / COMPILE_INFO).write_text(json.dumps({**self.source, "seconds": self.seconds,
-                                                            "task_runtime": self.task_runtime}, indent=1))
+                                                            "task_runtime": self.task_runtime,
+                                                            "index_bounds": self.index_bounds}, indent=1))
             write_report(self._report_data(), staging)
             if self.segments is not None:
                 from tvm_passes.segment_build import export_segments
@@ -111,8 +114,17 @@ class CompiledModel:
     def __call__(self, *args: Any, **named: Any) -> list[np.ndarray]:
         if not args and not named:
             raise InvalidPlanError("call the compiled model with its inputs (numpy arrays)")
-        arrays = list(args) if args else [named[str(i["name"])] for i in self.build.manifest.inputs]
-        return self.build.run(*[np.asarray(a) for a in arrays])
+        return self.build.run(*check_inputs(self.build.manifest.inputs, args, named, self.index_bounds))
+
+    @property
+    def index_bounds(self) -> dict[str, int]:
+        """Table length of each input that indexes a table (token ids; :func:`hetpart.driver.check.index_input_bounds`),
+        checked on every call: the compiled gather does not check its indices."""
+        if self._index_bounds is None:
+            from hetpart.driver.check import index_input_bounds
+
+            self._index_bounds = index_input_bounds(self.op_graph)
+        return self._index_bounds
 
 
 def _simulate_baselines(graph: OpGraph, costs: CostTable, config) -> dict[str, float]:
@@ -148,16 +160,23 @@ def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, graph: OpGraph, 
                           tuning_database=tuning_database, devices=devices, gpu_target=gpu_target)
 
 
-def _predict_task_runtime(graph: OpGraph, costs: CostTable, plan: Plan, choice: DeviceChoice,
-                          segments: int) -> dict[str, Any]:
-    """The task runtime's predicted figures, with its overhead per segment measured here now, simulated with the
-    segments the runtime runs (one per time-slice task for a plan that needs it)."""
-    from hetpart.driver.report_fidelity import device_dicts, predict_task_runtime
+def _measure_overhead(choice: DeviceChoice) -> Any:
+    """The task runtime's overhead per segment on these devices, measured here now
+    (:func:`hetpart.driver.runtime_overhead.measure_dispatch_overhead`)."""
+    from hetpart.driver.report_fidelity import device_dicts
     from hetpart.driver.runtime_overhead import measure_dispatch_overhead
+
+    return measure_dispatch_overhead(device_dicts(choice.devices))
+
+
+def _predict_task_runtime(graph: OpGraph, costs: CostTable, plan: Plan, overhead: Any,
+                          segments: int) -> dict[str, Any]:
+    """The task runtime's predicted figures, with its measured overhead per segment, simulated with the segments
+    the runtime runs (one per time-slice task for a plan that needs it)."""
+    from hetpart.driver.report_fidelity import predict_task_runtime
     from hetpart.driver.task_segments import kernel_segmentation
     from hetpart.simulate_requests import simulate_requests
 
-    overhead = measure_dispatch_overhead(device_dicts(choice.devices))
     predicted = predict_task_runtime(graph, costs, plan, overhead, segments)
     per_task = kernel_segmentation(graph, plan)
     if per_task is not None:      # predict_task_runtime simulates segment_plan's segments; re-simulate with the tasks
@@ -210,8 +229,11 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     for. ``method``: a partitioner of :data:`hetpart.partition.METHODS` (default ``DEFAULT_METHOD``). ``plan``: a
     plan.json (or Plan) to compile as it is instead of planning. ``output_dir``: write the executable, plans and
     report there; it must be new or empty, or an earlier hetpart output with ``overwrite=True``. ``segments=True``
-    also builds the plan's segments for the task runtime (``hetpart.load(dir, mode="tasks")``; the GPU's segments compiled for CUDA, or emulated without it).
-    ``requests``, ``slice_steps``: the ``timeslice`` method's requests in flight and steps per time slice;
+    also builds the plan's segments for the task runtime (``hetpart.load(dir, mode="tasks")``; the GPU's segments
+    compiled for CUDA, or emulated without it), and plans for it: the runtime's overhead per segment is measured
+    first and given to the partitioner (unless ``partition_options`` sets ``dispatch_overhead_us_by_device``).
+    ``requests``: requests in flight the ``timeslice`` and ``portfolio`` plans are chosen for (simulated N-request
+    makespan); ``slice_steps``: ``timeslice``'s steps per time slice;
     ``rnn_projection="per_slice"`` imports ONNX RNNs with one input projection per ``slice_steps`` steps
     (``tvm_passes.rnn``). ``partition_options``: further :class:`hetpart.partition.PartitionConfig` options, e.g.
     ``{"timeslice_segments": "slices", "dispatch_overhead_us_by_device": {...}}`` (a ``timeslice`` plan may then run
@@ -274,6 +296,14 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
         predictors["gpu"] = AnalyticGpuModel(choice.gpu_preset)
     costs = build_cost_table(graph, predictors, choice.devices)
     lap("costs")
+    overhead = None
+    if segments and len(choice.devices.names) > 1:
+        say("measuring the task runtime's overhead per segment")
+        overhead = _measure_overhead(choice)
+        if given_plan is None and not config.dispatch_overhead_us_by_device:    # the plan is made for the runtime
+            config = replace(config, dispatch_overhead_us_by_device=overhead.runtime_model(
+                costs.device_names).dispatch_overhead_us_by_device)
+        lap("runtime overhead")
     if given_plan is not None:
         chosen = given_plan.validate(graph)
         if set(chosen.devices) != set(choice.devices.names):
@@ -303,10 +333,8 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
         segment_build = _build_segments(imported.mod, op_graph, op_plan, graph, chosen, choice, emulate,
                                         tuning if has_database(tuning) else None)
     lap("build")
-    if segment_build is not None and len(choice.devices.names) > 1:
-        say("measuring the task runtime's overhead per segment")
-        task_runtime = _predict_task_runtime(graph, costs, chosen, choice, len(segment_build.program.functions))
-        lap("runtime model")
+    if segment_build is not None and overhead is not None:
+        task_runtime = _predict_task_runtime(graph, costs, chosen, overhead, len(segment_build.program.functions))
     source = {"model": str(model) if isinstance(model, (str, Path)) else type(model).__name__,
               "name": imported.name, "source_kind": imported.source_kind, "source_hash": imported.source_hash,
               "onnx_path": str(imported.onnx_path) if imported.onnx_path else None,

@@ -41,9 +41,9 @@ class PartitionConfig:
     time_limit_s: float = 60.0               # milp: HiGHS time limit
     milp_max_ops: int = 250                  # milp: refuse larger graphs (constraints grow ~ n^2)
     exhaustive_max_schedules: int = 200_000  # exhaustive: refuse when more (assignment, order) pairs than this
-    requests: int = 1                        # timeslice: requests in flight whose simulated makespan is minimised
+    requests: int = 1                        # timeslice, portfolio: requests in flight whose simulated makespan is minimised
     slice_steps: int = 1                     # timeslice: recurrence steps per time slice
-    dispatch_overhead_us_by_device: Mapping[str, float] = field(default_factory=dict)  # timeslice: task runtime
+    dispatch_overhead_us_by_device: Mapping[str, float] = field(default_factory=dict)  # timeslice, portfolio: task runtime
                                              # overhead per segment (hetpart.simulate_requests.RuntimeModel)
     timeslice_segments: str = "runtime"      # timeslice: "runtime" (segment_plan) or "slices" (one per task)
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -49,11 +48,12 @@ from hetpart.errors import UsageError
 from hetpart.graph import OpGraph
 from hetpart.partition import cp_greedy
 from hetpart.partition.common import PartitionConfig, Problem, finish_plan
+from hetpart.partition.request_score import Score, score_plan
 from hetpart.partition.single_device import single_device_assignment
 from hetpart.partition.slices import SliceGrid, build_slice_grid
 from hetpart.plan import Plan
 from hetpart.segments import Segmentation, describe_segments
-from hetpart.simulate_requests import RuntimeModel, simulate_requests
+from hetpart.simulate_requests import RuntimeModel
 
 logger = logging.getLogger(__name__)
 
@@ -63,35 +63,6 @@ BALANCED = 2                # most balanced cuts per device order simulated exac
 REFINE_EVALUATIONS = 40     # exact simulations spent on one-slice moves from the best cut
 EXACT_CUTS = 64             # up to this many cuts per device order, every cut is simulated exactly
 REL_TOL = 1e-9
-
-
-@dataclass(frozen=True)
-class Score:
-    """The N-request simulation of one candidate plan."""
-
-    n_requests: int
-    makespan_us: float
-    period_us: float            # simulate_requests' steady-state period (second half of the completions)
-    latency_p50_us: float
-    latency_p99_us: float
-
-    def key(self) -> tuple[float, float]:
-        return self.makespan_us, self.latency_p99_us
-
-    def to_dict(self) -> dict[str, float]:
-        """With ``throughput_per_s`` = requests / makespan (over the whole batch)."""
-        return {"makespan_us": self.makespan_us, "period_us": self.period_us,
-                "throughput_per_s": self.n_requests / self.makespan_us * 1e6 if self.makespan_us > 0 else math.inf,
-                "latency_p50_us": self.latency_p50_us, "latency_p99_us": self.latency_p99_us}
-
-
-def score_plan(graph: OpGraph, costs: CostTable, plan: Plan, n_requests: int, **kwargs: Any) -> Score:
-    """``simulate_requests`` of ``plan`` with ``n_requests`` in flight, summarised (p50/p99: numpy's linear
-    percentiles of the per-request latencies). ``kwargs`` go to ``simulate_requests``."""
-    timeline = simulate_requests(graph, costs, plan, n_requests=n_requests, **kwargs)
-    latency = np.asarray(timeline.latency_us)
-    return Score(n_requests, timeline.makespan_us, timeline.period_us, float(np.percentile(latency, 50)),
-                 float(np.percentile(latency, 99)))
 
 
 def slice_segmentation(graph: OpGraph, plan: Plan, grid: SliceGrid) -> Segmentation:

@@ -17,7 +17,12 @@ from PIL import Image
 from hetpart.costs import CostTable
 from hetpart.driver.report import ReportData, markdown, split_row, write_report
 from hetpart.driver.report_plots import MAX_IMAGE_SIDE_PX
-from hetpart.driver.report_requests import COLOURS_PER_CYCLE, GANTT_IMAGE, request_colour
+from hetpart.driver.report_requests import (
+    COLOURS_PER_CYCLE,
+    GANTT_IMAGE,
+    request_colour,
+)
+from hetpart.driver.task_segments import kernel_segmentation
 from hetpart.errors import DegeneratePlanWarning
 from hetpart.graph import OpGraph
 from hetpart.partition import explain, get_method
@@ -255,8 +260,12 @@ def test_compiled_timeslice_report_matches_the_compile_note(compiled_lstm):
     compiled, out = compiled_lstm
     text = (out / "report.md").read_text()
     assert (out / GANTT_IMAGE).stat().st_size > 10_000 and "## Which cut and why" in text
-    assert compiled.plan.config["dispatch_overhead_us_by_device"] == {}
-    timeline = simulate_requests(compiled.graph, compiled.costs, compiled.plan, n_requests=16)
+    overheads = compiled.plan.config["dispatch_overhead_us_by_device"]      # measured by the compile (segments=True):
+    assert set(overheads) == set(compiled.plan.devices) and min(overheads.values()) >= 0    # planned for the runtime
+    assert compiled.task_runtime["overhead_per_segment_us"] == pytest.approx(max(overheads.values()))
+    timeline = simulate_requests(compiled.graph, compiled.costs, compiled.plan, n_requests=16,
+                                 runtime=RuntimeModel(overheads), segmentation=kernel_segmentation(compiled.graph,
+                                                                                                  compiled.plan))
     note = re.search(r"16 requests in (\d+) us \(period (\d+) us, p99 latency (\d+) us\)", compiled.plan.notes[0])
     shown = re.search(r"\*\*16 requests: makespan ([\d,.]+) µs", text)
     assert _number(shown.group(1)) == pytest.approx(timeline.makespan_us, abs=CELL_TOL)
