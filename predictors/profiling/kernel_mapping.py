@@ -89,9 +89,11 @@ def align_calls(calls: Sequence[tuple], graph: OpGraph) -> tuple[list[int] | Non
     """Node index of each deployment call, or (None, why) when they cannot be paired.
 
     ``calls`` are ``(kernel name, output shapes)`` or ``(kernel name, output shapes, input shapes)``. Call i is
-    paired with an unpaired node with the same output shapes, preferring -- in this order -- the most operand
-    sizes in common (:func:`operand_sizes`; a node lists its group's external inputs, the kernel may also take
-    constants), the same op tokens, the node nearest to position i (usually node i itself: same order).
+    paired with an unpaired node with the same output shapes, or one whose first outputs they are (a standalone
+    ``batch_norm`` node lists its running mean and variance, which the deployment kernel does not write when
+    nothing reads them), preferring -- in this order -- the most operand sizes in common (:func:`operand_sizes`; a
+    node lists its group's external inputs, the kernel may also take constants), the same op tokens, equal (not
+    prefix) shapes, the node nearest to position i (usually node i itself: same order).
     Inception-style branches write equal shapes from different convolutions, so the output shape alone would
     pair a 1x1 conv with a 3x3 one. Returns also how many pairs had equal shapes but different op tokens. Every
     call must find a node; nodes left unpaired must be ones that run no kernel in deployment (shape
@@ -107,14 +109,17 @@ def align_calls(calls: Sequence[tuple], graph: OpGraph) -> tuple[list[int] | Non
     for i, call in enumerate(calls):
         func_name, call_shapes = call[0], call[1]
         call_sizes = operand_sizes(call[2]) if len(call) > 2 else None
-        same_shape = [j for j in free if shapes[j] == call_shapes]
+        # equal output shapes, or a tuple-valued node whose unused outputs the deployment kernel does not write
+        prefix_only = {j for j in free if len(shapes[j]) > len(call_shapes) and
+                       shapes[j][:len(call_shapes)] == call_shapes}
+        same_shape = [j for j in free if shapes[j] == call_shapes or j in prefix_only]
         if not same_shape:
             return None, (f"position {i}: kernel {func_name} writes {list(call_shapes)}; no unpaired kernel-graph "
                           f"node writes that (node {i}: {graph.nodes[i].op} writes {list(shapes[i])})"), 0
         call_tokens = op_tokens(func_name)
         token_mismatches += not any(tokens[j] == call_tokens for j in same_shape)
         j = min(same_shape, key=lambda j: (-shared_operands(sizes[j], call_sizes), tokens[j] != call_tokens,
-                                            abs(j - i), j))
+                                            j in prefix_only, abs(j - i), j))
         free.remove(j)
         out.append(j)
     real = [j for j in sorted(free) if not _runs_no_kernel(graph.nodes[j])]

@@ -79,6 +79,23 @@ def test_align_calls_tells_equal_output_shapes_apart_by_operand_sizes():
     assert align_calls([c[:2] for c in calls], graph)[0] == [0, 1, 2]    # shapes alone: by position
 
 
+def test_align_calls_pairs_a_batch_norm_kernel_that_writes_only_its_first_output():
+    """A batch_norm not folded into a conv: the node lists (y, running mean, running var); the deployment kernel
+    writes y only. An exact match still wins over such a prefix match."""
+    bn = OpNode(id=0, name="bn", op="relax.nn.batch_norm", input_shapes=((1, 256, 512, 1), (256,), (256,)),
+                input_dtypes=("float32",) * 3, output_shapes=((1, 256, 512, 1), (256,), (256,)),
+                output_dtypes=("float32",) * 3, flops=4 * 256 * 512)
+    relu = OpNode(id=1, name="r", op="relax.nn.relu", input_shapes=((1, 256, 512, 1),), input_dtypes=("float32",),
+                  output_shapes=((1, 256, 512, 1),), output_dtypes=("float32",), flops=256 * 512)
+    graph = chain_graph([bn, relu])
+    pairs, why, _ = align_calls([("fused_batch_norm", ((1, 256, 512, 1),)), ("relu", ((1, 256, 512, 1),))], graph)
+    assert why == "" and pairs == [0, 1]
+    pairs, why, _ = align_calls([("relu", ((1, 256, 512, 1),)), ("fused_batch_norm", ((1, 256, 512, 1),))], graph)
+    assert why == "" and pairs == [1, 0]                     # relu's exact match first, then the prefix match
+    pairs, why, _ = align_calls([("fused_batch_norm", ((1, 128, 512, 1),))], graph)
+    assert pairs is None and "position 0" in why
+
+
 @pytest.mark.tvm
 def test_squeezenet_kernels_map_to_kernel_graph_nodes_with_agreeing_shapes():
     from tvm_passes import sources
@@ -409,3 +426,16 @@ def test_synthetic_kernels_rejected_as_noisy_are_measured_again_by_the_next_run(
     assert again.kernels_measured == 3                                # the noisy ones, measured again
     assert {m.status for m in ProfileStore(db).measurements(status=None)} == {"ok"}
     assert zoo_profile.profile_zoo(db, profiler=CountingProfiler(), **kwargs).kernels_measured == 0
+
+
+@pytest.mark.tvm
+def test_a_standalone_batch_norm_model_aligns():
+    """conv1d_audio normalises after pooling, so its batch_norms are kernels of their own that write only y."""
+    from predictors.profiling.kernel_mapping import map_kernels
+    from predictors.profiling.profiler import KernelProfiler
+    from tvm_passes import sources
+
+    mk = map_kernels(sources.import_model("conv1d_audio").mod, "conv1d_audio_b1_s1024", KernelProfiler("cpu"))
+    assert mk.aligned, mk.mismatch
+    norms = [k for node, k in zip(mk.graph.nodes, mk.node_keys) if node.op == "relax.nn.batch_norm"]
+    assert norms and all(norms)
