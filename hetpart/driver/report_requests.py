@@ -23,9 +23,10 @@ from hetpart.driver.report_data import ReportData, fmt_us, md_table
 from hetpart.partition import cp_greedy
 from hetpart.partition.common import PartitionConfig, Problem
 from hetpart.partition.request_balance import simulate_request_balance
+from hetpart.partition.request_score import score_plan
 from hetpart.partition.single_device import single_device_assignment
 from hetpart.partition.slices import build_slice_grid
-from hetpart.partition.timeslice import CONSIDERED, score_plan, slice_segmentation
+from hetpart.partition.timeslice import CONSIDERED, slice_segmentation
 from hetpart.plan import Plan
 from hetpart.simulate_requests import RequestsTimeline, RuntimeModel, simulate_requests
 

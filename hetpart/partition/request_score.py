@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -18,9 +18,10 @@ from hetpart.costs import CostTable
 from hetpart.graph import OpGraph
 from hetpart.partition.common import Problem
 from hetpart.plan import Plan
+from hetpart.segments import Segmentation
 from hetpart.simulate_requests import RuntimeModel, simulate_requests
 
-__all__ = ["Score", "score_plan", "wants_request_objective", "choose_for_requests"]
+__all__ = ["Score", "choose_for_requests", "score_assignment", "score_plan", "wants_request_objective"]
 
 
 @dataclass(frozen=True)
@@ -60,21 +61,26 @@ def wants_request_objective(problem: Problem) -> bool:
     return problem.config.requests > 1 or bool(problem.config.dispatch_overhead_us_by_device)
 
 
+def score_assignment(problem: Problem, dev: Sequence[int], order: Sequence[int], method: str, runtime: RuntimeModel,
+                     segmentation_for: Callable[[Plan], Segmentation] | None = None) -> Score:
+    """``config.requests``-request :class:`Score` of the assignment ``dev`` issued in ``order`` (infinite when one
+    request overflows a device's memory); ``segmentation_for`` gives the plan's segments (default: the runtime's
+    ``segment_plan``)."""
+    n_requests = problem.config.requests
+    if not math.isfinite(problem.model.makespan(dev, order)):
+        return Score(n_requests, math.inf, math.inf, math.inf, math.inf)
+    plan = Plan(device_of=tuple(problem.names[d] for d in dev), order=tuple(order), devices=problem.names,
+                method=method, pins=problem.config.pins, level=problem.graph.level)   # made for this graph
+    return score_plan(problem.graph, problem.costs, plan, n_requests, runtime=runtime,
+                      config=problem.config.simulation,
+                      segmentation=None if segmentation_for is None else segmentation_for(plan))
+
+
 def choose_for_requests(problem: Problem, candidates: Sequence[tuple[str, Sequence[int], Sequence[int]]],
                         method: str) -> tuple[int, list[Score]]:
     """Index of the candidate ``(name, assignment, order)`` with the smallest ``config.requests``-request makespan
-    (ties: p99 latency, then the earlier candidate) under the runtime model of ``config``, and every score.
-    Candidates whose one request overflows a device's memory score infinite."""
+    (ties: p99 latency, then the earlier candidate) under the runtime model of ``config``, and every score."""
     runtime = RuntimeModel(problem.config.dispatch_overhead_us_by_device).validate(problem.names)
-    n_requests = problem.config.requests
-    scores = []
-    for _name, dev, order in candidates:
-        if not math.isfinite(problem.model.makespan(dev, order)):
-            scores.append(Score(n_requests, math.inf, math.inf, math.inf, math.inf))
-            continue
-        plan = Plan(device_of=tuple(problem.names[d] for d in dev), order=tuple(order), devices=problem.names,
-                    method=method, pins=problem.config.pins, level=problem.graph.level)
-        scores.append(score_plan(problem.graph, problem.costs, plan, n_requests, runtime=runtime,
-                                 config=problem.config.simulation))
+    scores = [score_assignment(problem, dev, order, method, runtime) for _name, dev, order in candidates]
     best = min(range(len(candidates)), key=lambda k: (*scores[k].key(), k))
     return best, scores

@@ -38,7 +38,6 @@ method, the one-request simulated makespan. Imports nothing outside the core.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -48,7 +47,7 @@ from hetpart.errors import UsageError
 from hetpart.graph import OpGraph
 from hetpart.partition import cp_greedy
 from hetpart.partition.common import PartitionConfig, Problem, finish_plan
-from hetpart.partition.request_score import Score, score_plan
+from hetpart.partition.request_score import Score, score_assignment
 from hetpart.partition.single_device import single_device_assignment
 from hetpart.partition.slices import SliceGrid, build_slice_grid
 from hetpart.plan import Plan
@@ -164,18 +163,8 @@ class _Candidates:
         else the segments the task runtime cuts (segment_plan)."""
         key = (tuple(dev), tuple(order), per_task)
         if key not in self.scores:
-            problem = self.problem
-            if not math.isfinite(problem.model.makespan(dev, order)):
-                inf = math.inf                              # one request does not fit a device's memory
-                self.scores[key] = Score(self.n_requests, inf, inf, inf, inf)
-            else:
-                plan = Plan(device_of=tuple(problem.names[d] for d in dev), order=tuple(order),
-                            devices=problem.names, method="timeslice", pins=problem.config.pins,
-                            level=problem.graph.level)        # made for this graph: no hash to check
-                segmentation = slice_segmentation(problem.graph, plan, self.grid) if per_task else None
-                self.scores[key] = score_plan(problem.graph, problem.costs, plan, self.n_requests,
-                                              runtime=self.runtime, config=problem.config.simulation,
-                                              segmentation=segmentation)
+            per_slice = (lambda plan: slice_segmentation(self.problem.graph, plan, self.grid)) if per_task else None
+            self.scores[key] = score_assignment(self.problem, dev, order, "timeslice", self.runtime, per_slice)
         return self.scores[key]
 
 

@@ -15,9 +15,10 @@ from hetpart.graph import OpGraph
 from hetpart.partition import get_method, partition
 from hetpart.partition.common import PartitionConfig, Problem
 from hetpart.partition.request_balance import simulate_request_balance, two_device_limit_per_s
+from hetpart.partition.request_score import score_plan
 from hetpart.partition.slices import NoRnnTagsError, build_slice_grid
 from hetpart.partition.synthetic import synthetic_problem
-from hetpart.partition.timeslice import EXACT_CUTS, _Candidates, enumerate_cuts, score_plan, slice_segmentation
+from hetpart.partition.timeslice import EXACT_CUTS, _Candidates, enumerate_cuts, slice_segmentation
 from hetpart.plan import Plan
 from hetpart.segments import segment_plan
 from hetpart.simulate_requests import RuntimeModel
