@@ -51,4 +51,3 @@ def _affinity() -> tuple[int, ...]:
 # calling thread to one core on its first parallel launch when it runs one thread (TVM_NUM_THREADS=1), so the main
 # thread's own affinity is not the process's afterwards.
 PROCESS_CORES: tuple[int, ...] = _affinity()
-

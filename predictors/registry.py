@@ -3,8 +3,8 @@
 hetpart ships one CPU predictor per CPU core type (``predictors/data/cpu_<mcpu>.json``, plus ``cpu_default.json``);
 ``hetpart fit`` writes one measured on the host into the cache (``$HETPART_CACHE_DIR/predictors/``).
 :func:`load_cpu_predictor` picks the one for this host's CPU -- fitted here, else shipped -- (or the one the user
-names), warns when it was measured
-on another CPU, with another TVM thread count or on kernels of older CPU rules, and scales a foreign one by the
+names), warns when it was measured on another CPU, with another TVM thread count or on kernels of older CPU rules,
+and scales a foreign one by the
 calibration suite of :mod:`predictors.host_calibration` (only a clean calibration is used: on a busy host the
 predictor stays unscaled, with a warning). :func:`cpu_cost_note` is the report's line saying all of that.
 

@@ -18,15 +18,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from hetpart.devices import (
-    DEFAULT_GPU_PRESET,
-    DeviceSet,
-    DeviceSpec,
-    Link,
-    cpu_device,
-    gpu_from_preset,
-    preset_links,
-)
+from hetpart.devices import (DEFAULT_GPU_PRESET, DeviceSet, DeviceSpec, Link, cpu_device, gpu_from_preset,
+                              preset_links)
 from hetpart.errors import UnknownDeviceError
 from hetpart.threads import PROCESS_CORES
 

@@ -103,9 +103,13 @@ def recorded_index_bounds(directory: str | Path) -> dict[str, int]:
     from hetpart.driver.compiler import COMPILE_INFO
 
     path = Path(directory) / COMPILE_INFO
+    if not path.exists():
+        return {}
     try:
         return {str(k): int(v) for k, v in json.loads(path.read_text()).get("index_bounds", {}).items()}
-    except (OSError, json.JSONDecodeError, AttributeError, TypeError, ValueError):
+    except (OSError, json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+        log.warning("%s cannot be read (%s): token ids are not checked against their tables; compile again to "
+                    "rewrite it", path, exc)
         return {}
 
 

@@ -14,10 +14,10 @@ the returned plan came from, ``start_makespans_us`` lists them all, ``searches``
 ``moves``/``reorders``/``perturbations``/``stopped`` are as for cp_greedy. Deterministic (seeded kicks).
 
 **Many requests, the task runtime.** With ``config.requests`` > 1 or a task-runtime model (an overhead per
-segment in ``config.dispatch_overhead_us_by_device``, which ``hetpart compile --segments`` measures), the search still descends on one request's simulated makespan, then
-every start, every local optimum and the final plan are simulated as the task runtime runs them
-(``hetpart.simulate_requests``: segments, their overhead, N requests in flight) and the one with the smallest
-N-request makespan is returned (``plan.stats["requests_objective"]``). The baselines are among them, so the plan
+segment in ``config.dispatch_overhead_us_by_device``, which ``hetpart compile --segments`` measures), the search
+still descends on one request's simulated makespan, then every start, every local optimum and the final plan are
+simulated as the task runtime runs them (``hetpart.simulate_requests``: segments, their overhead, N requests in
+flight) and the one with the smallest N-request makespan is returned (``plan.stats["requests_objective"]``). The baselines are among them, so the plan
 is never worse than ``all_cpu``, ``all_gpu``, ``greedy`` or ``heft`` on that objective either.
 """
 from __future__ import annotations
@@ -31,13 +31,7 @@ from hetpart.costs import CostTable
 from hetpart.errors import UnknownDeviceError
 from hetpart.graph import OpGraph
 from hetpart.partition.common import PartitionConfig, Problem, finish_plan
-from hetpart.partition.cp_greedy import (
-    IMPROVEMENT_REL_TOL,
-    Correction,
-    Outcome,
-    fastest_per_cluster,
-    iterate,
-)
+from hetpart.partition.cp_greedy import IMPROVEMENT_REL_TOL, Correction, Outcome, fastest_per_cluster, iterate
 from hetpart.partition.greedy import greedy_assignment
 from hetpart.partition.heft import heft_schedule
 from hetpart.partition.request_score import choose_for_requests, wants_request_objective

@@ -54,11 +54,10 @@ def time_fresh(num_threads: int, specs: tuple[SyntheticSpec, ...]) -> SuiteTimin
     for name, workload in [item for _ in range(SUITE_PASSES) for item in workloads]:
         for attempt in range(1, ATTEMPTS + 1):       # a contended window is timed again, as the profiler does
             row = profiler.measure(workload)
-            if row.status != "ok" or not row.median_us:
-                logger.info("calibration kernel %s: %s %s (attempt %d of %d)", name, row.status, row.error, attempt,
-                            ATTEMPTS)
-            if row.status == "failed" or (row.status == "ok" and row.median_us) or attempt == ATTEMPTS:
+            if row.status == "failed" or (row.status == "ok" and row.median_us):
                 break
+            logger.info("calibration kernel %s: %s %s (attempt %d of %d)", name, row.status, row.error, attempt,
+                        ATTEMPTS)
         if row.status == "failed":
             logger.warning("calibration kernel %s failed: %s", name, row.error)
             continue

@@ -17,11 +17,7 @@ from PIL import Image
 from hetpart.costs import CostTable
 from hetpart.driver.report import ReportData, markdown, split_row, write_report
 from hetpart.driver.report_plots import MAX_IMAGE_SIDE_PX
-from hetpart.driver.report_requests import (
-    COLOURS_PER_CYCLE,
-    GANTT_IMAGE,
-    request_colour,
-)
+from hetpart.driver.report_requests import COLOURS_PER_CYCLE, GANTT_IMAGE, request_colour
 from hetpart.driver.task_segments import kernel_segmentation
 from hetpart.errors import DegeneratePlanWarning
 from hetpart.graph import OpGraph
