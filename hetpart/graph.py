@@ -143,27 +143,35 @@ class OpGraph:
                 per_producer = crossing.setdefault((s, d), {})
                 per_producer[e.src] = max(per_producer.get(e.src, 0), e.size_bytes)
         edge_bytes = {key: sum(v.values()) for key, v in crossing.items()}
-        for (s, d) in edge_bytes:
+        read_bytes: dict[int, int] = {}
+        kernel_inputs: dict[int, set[int]] = {}
+        for (s, d), size_bytes in edge_bytes.items():
             if s >= d:
                 raise InvalidGraphError("fused kernels form a cycle; kernel groups must be convex")
+            read_bytes[d] = read_bytes.get(d, 0) + size_bytes
+            kernel_inputs.setdefault(d, set()).add(s)
+        graph_input_bytes: dict[int, int] = {}
+        for spec in self.inputs:
+            for consumer in spec.consumers:
+                graph_input_bytes[consumer] = graph_input_bytes.get(consumer, 0) + tensor_bytes(spec.shape, spec.dtype)
         out_nodes = []
         for k, ids in enumerate(clusters):
             ops = [self.nodes[i] for i in ids]
             key = group_of.get(ids[0], ("o", ids[0]))
             inside = set(ids)
-            reads = sum(b for (s, d), b in edge_bytes.items() if d == k)
+            reads = read_bytes.get(k, 0)
             first, last = ops[0], ops[-1]
             out_nodes.append(OpNode(
                 id=k, name=group_names.get(key[1], first.name) if key[0] == "g" else first.name,
                 op="fused:" + "+".join(o.op.removeprefix("relax.") for o in ops) if len(ops) > 1 else first.op,
-                inputs=sorted({s for (s, d) in edge_bytes if d == k}),
+                inputs=sorted(kernel_inputs.get(k, ())),
                 input_shapes=first.input_shapes, input_dtypes=first.input_dtypes,
                 output_shapes=last.output_shapes, output_dtypes=last.output_dtypes,
                 attrs=dict(first.attrs) if len(ops) == 1 else {"anchor_attrs": dict(
                     max(ops, key=lambda o: o.flops).attrs)},
                 flops=sum(o.flops for o in ops),
                 bytes_read=reads + sum(o.param_bytes for o in ops)
-                + sum(tensor_bytes(s.shape, s.dtype) for s in self.inputs for c in s.consumers if c in inside),
+                + sum(graph_input_bytes.get(i, 0) for i in ids),
                 bytes_written=sum(o.bytes_written for o in ops
                                   if o.id in output_ops or any(c not in inside for c in succ[o.id])),
                 param_bytes=sum(o.param_bytes for o in ops),
@@ -269,7 +277,8 @@ class OpGraph:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json(indent=1))
+        # compact: the C encoder (json skips it whenever indent is set) writes an 18k-op graph in a tenth of the time
+        Path(path).write_text(json.dumps(self.to_dict(), separators=(",", ":")))
 
     @classmethod
     def load(cls, path: str | Path) -> "OpGraph":

@@ -216,8 +216,11 @@ def lift_weight_uploads(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
 
 
 def _stage(name: str, fn: Any, *args: Any) -> Any:
+    start = time.perf_counter()
     try:
-        return fn(*args)
+        result = fn(*args)
+        logger.debug("build stage %r: %.2f s", name, time.perf_counter() - start)
+        return result
     except BuildError:
         raise
     except Exception as exc:  # TVM raises its own error types; wrap them with the stage that failed

@@ -16,7 +16,8 @@ PyTorch
   ``y[-1]`` into an out-of-bounds ``take(mode="fast")``).
 Both
   weights become Relax constants; layout-only ops on constants (reshape/permute_dims/expand_dims/squeeze of a
-  weight) are folded with numpy and the remaining constant-only ops with FoldConstant, so the graph contains
+  weight) are folded with numpy and the remaining constant-only ops with FoldConstant, one call at a time
+  (``tvm_passes.constant_folding``: TVM's pass alone legalizes every op of the graph), so the graph contains
   only the work the deployed executable does; matmuls against constant weights whose column count is not a
   whole number of SIMD vectors get zero-padded weights and a slice (``tvm_passes.pad_columns``: 2.8-22x faster
   for a GRU's 1950 gate columns, depending on the CPU).
@@ -37,6 +38,7 @@ import numpy as np
 from hetpart.errors import MissingInputShapeError, ModelLoadError, UnsupportedOpError
 from hetpart.graph import TensorSpec
 from tvm_passes import onnx_opsets
+from tvm_passes.constant_folding import fold_constants
 from tvm_passes.pad_columns import COLUMN_MULTIPLE, pad_matmul_columns
 
 log = logging.getLogger(__name__)
@@ -305,52 +307,12 @@ def _import_torch(module, example_inputs: Sequence[Any], name: str | None) -> Im
 
 
 # --------------------------------------------------------------------------------------------------- common
-_LAYOUT_OPS_ON_CONSTANTS = {"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze"}
-
-
-def fold_layout_ops_on_constants(mod):
-    """Replace reshape/permute_dims/expand_dims/squeeze of a constant by the reshaped constant (numpy).
-
-    TVM's FoldConstant does this too but compiles every folded expression (seconds per model); these four
-    layout ops are exactly computable with numpy. Iterates to a fixpoint so chains fold completely.
-    """
-    import tvm
-    from tvm import relax
-
-    @relax.expr_functor.mutator
-    class _Folder(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = self.visit_expr_post_order(call)
-            if not (isinstance(call.op, tvm.ir.Op) and call.op.name in _LAYOUT_OPS_ON_CONSTANTS
-                    and isinstance(call.args[0], tvm.ir.GenericConst)):
-                return call
-            out_ty = call.ty
-            if not isinstance(out_ty, relax.TensorType) or out_ty.shape is None:
-                return call
-            try:
-                value = call.args[0].value.numpy()
-                if call.op.name == "relax.permute_dims":
-                    axes = call.attrs.axes
-                    value = np.transpose(value, None if axes is None else [int(a) for a in axes])
-                target_shape = [int(s) for s in out_ty.shape.values]
-            except (TypeError, ValueError, AttributeError):
-                return call  # symbolic shape: leave it to TVM
-            return relax.const(np.ascontiguousarray(value.reshape(target_shape)), str(out_ty.dtype))
-
-    folder = _Folder(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            folder.builder_.update_func(gv, folder.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(folder.builder_.get())
-
-
 def _normalize(mod):
     from tvm import relax
 
-    mod = fold_layout_ops_on_constants(mod)
-    # what is left of constant-only work (take/shape_of of a constant, ...): the deployment pipeline folds it
-    # too (FoldConstant before FuseOps), so the OpGraph must not count it as kernels (0.1-0.4 s on the zoo)
-    mod = relax.transform.FoldConstant()(mod)
+    # constant-only work (weight transposes, take/shape_of of a constant, ...): the deployment pipeline folds it
+    # too (FoldConstant before FuseOps), so the OpGraph must not count it as kernels
+    mod = fold_constants(mod)
     return relax.transform.Normalize()(mod)
 
 

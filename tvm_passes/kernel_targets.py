@@ -35,6 +35,7 @@ class _KernelTargetBinder(relax.PyExprMutator):
         self.source = mod
         self.host = host
         self.clones: dict[tuple[str, str], tvm.ir.GlobalVar] = {}
+        self.decided: dict[tuple[str, tuple], tvm.ir.GlobalVar] = {}
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: D102 (visitor hook)
         call = self.visit_expr_post_order(call)
@@ -42,21 +43,28 @@ class _KernelTargetBinder(relax.PyExprMutator):
             return call
         out_ty = call.ty_args[0]
         vd = _first_vdevice([out_ty]) or _first_vdevice([a.ty for a in call.args[1].fields]) or self.host
-        target = _target_with_host(vd.target, self.host.target)
         gv = call.args[0]
+        # an unrolled model calls a few PrimFuncs thousands of times: decide once per (kernel, vdevice), since
+        # printing targets to compare them costs more than the rest of the visit
+        decision = (gv.name_hint, vdevice_key(vd))
+        new_gv = self.decided.get(decision)
+        if new_gv is None:
+            new_gv = self.decided[decision] = self._bound_kernel(gv, vd)
+        new_out_ty = map_type_vdevices(out_ty, lambda _: vd)
+        return relax.Call(call.op, [new_gv] + list(call.args[1:]), call.attrs, [new_out_ty])
+
+    def _bound_kernel(self, gv: tvm.ir.GlobalVar, vd: relax.VDevice) -> tvm.ir.GlobalVar:
+        target = _target_with_host(vd.target, self.host.target)
         func = self.source[gv]
         current = func.attrs.get("target") if func.attrs else None
         if current is not None and str(current.kind.name) == str(target.kind.name) \
                 and str(current) == str(target):
-            new_gv = gv
-        else:
-            key = (gv.name_hint, str(target))
-            if key not in self.clones:
-                suffix = "" if gv.name_hint.endswith("_" + str(target.kind.name)) else "_" + str(target.kind.name)
-                self.clones[key] = self.builder_.add_func(func.with_attr("target", target), gv.name_hint + suffix)
-            new_gv = self.clones[key]
-        new_out_ty = map_type_vdevices(out_ty, lambda _: vd)
-        return relax.Call(call.op, [new_gv] + list(call.args[1:]), call.attrs, [new_out_ty])
+            return gv
+        key = (gv.name_hint, str(target))
+        if key not in self.clones:
+            suffix = "" if gv.name_hint.endswith("_" + str(target.kind.name)) else "_" + str(target.kind.name)
+            self.clones[key] = self.builder_.add_func(func.with_attr("target", target), gv.name_hint + suffix)
+        return self.clones[key]
 
 
 def bind_kernel_targets(mod: tvm.IRModule) -> tvm.IRModule:

