@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configs = [base] if args.only_base else one_factor_grid(base)
     work = cache_root() / "benchmarks" / args.name        # the built ONNX models, outside the repository
     work.mkdir(parents=True, exist_ok=True)
-    runtime = RuntimeModel({"cpu": args.overhead_us, "gpu": args.overhead_us})
+    runtime = RuntimeModel({"cpu": args.overhead_us, "gpu": args.overhead_us}, copies="consumer")
     predictor = REPO / args.cpu_predictor
     rows: list[dict[str, Any]] = []
     for config in configs:
@@ -385,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         graph = kernel_graph(base, work, k if projection == "per_slice" else None)
         for preset, costs in cost_tables(graph, args.ablation_presets.split(","), predictor).items():
             for overhead in overheads:
-                model = RuntimeModel({"cpu": overhead, "gpu": overhead})
+                model = RuntimeModel({"cpu": overhead, "gpu": overhead}, copies="consumer")
                 for segments in ("runtime", "slices"):
                     for n in (1, 16):
                         case = run_case(graph, costs, n, model, k, segments, baselines=False)["timeslice"]

@@ -161,10 +161,10 @@ def run_tasks(rt: Any, inputs: Sequence[Sequence[np.ndarray]]) -> tuple[dict[str
     _, latency_us = rt.run_many(inputs, max_in_flight=len(inputs))
     completed = [0.0] * len(inputs)
     per_segment: dict[int, list[float]] = {}
-    first = min(run[0] for run in rt.trace)          # the runtime numbers requests from its start
-    for request, segment, _, begin, end in rt.trace:
-        per_segment.setdefault(segment, []).append((end - begin) * 1e6)
-        completed[request - first] = max(completed[request - first], (end - started) * 1e6)
+    first = min(run.request for run in rt.trace)     # the runtime numbers requests from its start
+    for run in rt.trace:      # a segment's own time excludes its copies: the runtime model adds those itself
+        per_segment.setdefault(run.segment, []).append((run.end_s - run.start_s - run.copy_s) * 1e6)
+        completed[run.request - first] = max(completed[run.request - first], (run.end_s - started) * 1e6)
     return (_figures(max(completed), completed, latency_us, len(inputs)),
             {s: statistics.median(v) for s, v in per_segment.items()})
 

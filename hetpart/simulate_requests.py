@@ -16,6 +16,10 @@ The model of ``simulate_requests(graph, costs, plan, n_requests=N)`` (docs/runti
   are copied from the host, in ``graph.inputs`` order, to every other device that reads them when the request is
   admitted. With ``serial_links`` (the default) a link direction carries one copy at a time, first come first
   served (ties: lower request, model inputs first, then issue order); otherwise copies overlap freely.
+* With ``RuntimeModel.copies="consumer"`` (what the task runtime does) copies take worker time instead: a segment
+  is ready when its producer segments on every device have ended; its worker then copies each tensor (and, off
+  the host, each model input) it reads that is not yet on its device for this request, one after another, and
+  runs the segment. The worker that ends a request's last segment copies the model outputs made off the host.
 * Requests ``0..N-1`` wait at t = 0 and are admitted in order, at most ``max_in_flight`` (default N) unfinished at
   a time. A request completes when its last segment or copy ends; its latency is completion minus admission.
 
@@ -27,185 +31,19 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
 from hetpart.costs import CostTable
-from hetpart.errors import InvalidPlanError, SchemaError, UsageError
-from hetpart.graph import SCHEMA_VERSION, OpGraph, check_schema_version
+from hetpart.errors import InvalidPlanError, UsageError
+from hetpart.graph import OpGraph
 from hetpart.plan import Plan
+from hetpart.request_timeline import (COPY_PLACEMENTS, EVENT_KINDS, WORKER_POLICIES, RequestEvent, RequestsTimeline,
+                                      RuntimeModel, steady_state_period_us)
+
+__all__ = ["COPY_PLACEMENTS", "EVENT_KINDS", "WORKER_POLICIES", "RequestEvent", "RequestsTimeline", "RuntimeModel",
+           "simulate_requests", "steady_state_period_us"]
 from hetpart.segments import Segmentation, segment_plan
 from hetpart.simulate import SimModel, SimulationConfig, plan_simulation_config
-
-WORKER_POLICIES = ("priority", "fixed_order")
-EVENT_KINDS = ("segment", "copy")
-
-
-@dataclass(frozen=True)
-class RuntimeModel:
-    """What the task runtime costs on top of the kernels, per device, and how its workers pick segments."""
-
-    dispatch_overhead_us_by_device: Mapping[str, float] = field(default_factory=dict)   # per segment; absent: 0
-    worker_policy: str = "priority"          # "priority": best ready segment; "fixed_order": strict sequence
-    schema_version: int = SCHEMA_VERSION
-
-    def __post_init__(self) -> None:
-        try:
-            overheads = {str(k): float(v) for k, v in dict(self.dispatch_overhead_us_by_device).items()}
-        except (TypeError, ValueError) as exc:
-            raise UsageError(f"dispatch_overhead_us_by_device must map device names to microseconds; found "
-                             f"{self.dispatch_overhead_us_by_device!r}") from exc
-        object.__setattr__(self, "dispatch_overhead_us_by_device", overheads)
-
-    def overhead_us(self, device: str) -> float:
-        return self.dispatch_overhead_us_by_device.get(device, 0.0)
-
-    def validate(self, device_names: Sequence[str] | None = None) -> "RuntimeModel":
-        if self.schema_version != SCHEMA_VERSION:
-            raise SchemaError(f"RuntimeModel schema_version must be {SCHEMA_VERSION}; found {self.schema_version}")
-        if self.worker_policy not in WORKER_POLICIES:
-            raise UsageError(f"worker_policy must be one of {WORKER_POLICIES}; found {self.worker_policy!r}")
-        bad = {d: v for d, v in self.dispatch_overhead_us_by_device.items() if not (math.isfinite(v) and v >= 0)}
-        if bad:
-            raise UsageError(f"dispatch overheads must be finite and >= 0 us; found {bad}")
-        if device_names is not None:
-            unknown = sorted(set(self.dispatch_overhead_us_by_device) - set(device_names))
-            if unknown:
-                raise UsageError(f"dispatch overheads name devices {unknown} that are not among {list(device_names)}")
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": self.schema_version, "worker_policy": self.worker_policy,
-                "dispatch_overhead_us_by_device": dict(self.dispatch_overhead_us_by_device)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RuntimeModel":
-        check_schema_version(data, "RuntimeModel")
-        try:
-            model = cls(dispatch_overhead_us_by_device=data.get("dispatch_overhead_us_by_device", {}),
-                        worker_policy=str(data.get("worker_policy", "priority")),
-                        schema_version=data["schema_version"])
-        except (TypeError, ValueError) as exc:
-            raise SchemaError(f"RuntimeModel JSON is malformed ({type(exc).__name__}: {exc})") from exc
-        return model.validate()
-
-
-@dataclass(frozen=True)
-class RequestEvent:
-    """One segment run or one copy of one request."""
-
-    kind: str            # "segment" or "copy"
-    request: int
-    resource: str        # device name for segments, "src->dst" for copies
-    start_us: float
-    end_us: float
-    segment_id: int      # the segment run; for a copy the segment that produced the tensor (-1: a model input)
-    op_id: int = -1      # copies: the producer op, or -1-k for model input k; segments: -1
-    size_bytes: int = 0  # copies only
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "request": self.request, "resource": self.resource, "start_us": self.start_us,
-                "end_us": self.end_us, "segment_id": self.segment_id, "op_id": self.op_id,
-                "size_bytes": self.size_bytes}
-
-
-def steady_state_period_us(completed_us: Sequence[float]) -> float:
-    """Mean interval between consecutive completions over the second half of the requests.
-
-    With completions sorted as c_0 <= ... <= c_{N-1} and a = max(1, N // 2), the period is
-    (c_{N-1} - c_{a-1}) / (N - a): the mean of the intervals c_i - c_{i-1} for i = a .. N-1. For N = 1 it is
-    c_0 (one request admitted at 0 completes every c_0 us). Its inverse is the sustained throughput.
-    """
-    c = sorted(completed_us)
-    if not c:
-        return 0.0
-    if len(c) == 1:
-        return c[0]
-    a = max(1, len(c) // 2)
-    return (c[-1] - c[a - 1]) / (len(c) - a)
-
-
-@dataclass(frozen=True)
-class RequestsTimeline:
-    """What the task runtime is predicted to do with N requests (see the module docstring)."""
-
-    events: tuple[RequestEvent, ...]
-    admitted_us: tuple[float, ...]       # per request
-    completed_us: tuple[float, ...]      # per request
-    latency_us: tuple[float, ...]        # per request: completed - admitted
-    makespan_us: float                   # the last completion
-    period_us: float                     # steady_state_period_us(completed_us)
-    max_in_flight: int
-    serial_links: bool = True
-    runtime: RuntimeModel = field(default_factory=RuntimeModel)
-    schema_version: int = SCHEMA_VERSION
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "events", tuple(self.events))
-        for key in ("admitted_us", "completed_us", "latency_us"):
-            object.__setattr__(self, key, tuple(float(v) for v in getattr(self, key)))
-
-    @property
-    def n_requests(self) -> int:
-        return len(self.completed_us)
-
-    def events_of(self, request: int, kind: str | None = None) -> list[RequestEvent]:
-        return [e for e in self.events if e.request == request and (kind is None or e.kind == kind)]
-
-    def validate(self) -> "RequestsTimeline":
-        if self.schema_version != SCHEMA_VERSION:
-            raise SchemaError(f"RequestsTimeline schema_version must be {SCHEMA_VERSION}; found "
-                              f"{self.schema_version}")
-        n, tol = self.n_requests, 1e-6
-        if not (len(self.admitted_us) == len(self.latency_us) == n) or not 1 <= self.max_in_flight <= max(n, 1):
-            raise InvalidPlanError(f"a timeline of {n} requests needs {n} admissions, completions and latencies "
-                                   f"and 1 <= max_in_flight <= {n}")
-        for r in range(n):
-            if abs(self.completed_us[r] - self.admitted_us[r] - self.latency_us[r]) > tol:
-                raise InvalidPlanError(f"request {r}: latency {self.latency_us[r]} is not completion minus "
-                                       "admission")
-        if n and abs(self.makespan_us - max(self.completed_us)) > tol:
-            raise InvalidPlanError(f"makespan {self.makespan_us} is not the last completion {max(self.completed_us)}")
-        if abs(self.period_us - steady_state_period_us(self.completed_us)) > tol:
-            raise InvalidPlanError(f"period {self.period_us} does not follow from the completions")
-        busy: dict[str, list[RequestEvent]] = {}
-        for e in self.events:
-            if e.kind not in EVENT_KINDS or not 0 <= e.request < n:
-                raise InvalidPlanError(f"event {e} has an unknown kind or request")
-            if e.end_us < e.start_us - tol or e.start_us < self.admitted_us[e.request] - tol \
-                    or e.end_us > self.completed_us[e.request] + tol:
-                raise InvalidPlanError(f"event {e} ends before it starts or lies outside its request's lifetime")
-            if e.kind == "segment" or self.serial_links:
-                busy.setdefault(e.resource, []).append(e)
-        for resource, events in busy.items():
-            events.sort(key=lambda e: (e.start_us, e.end_us))
-            for a, b in zip(events, events[1:]):
-                if b.start_us < a.end_us - tol:
-                    raise InvalidPlanError(f"{resource} runs two things at once: {a} and {b}")
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"schema_version": self.schema_version, "makespan_us": self.makespan_us,
-                "period_us": self.period_us, "max_in_flight": self.max_in_flight, "serial_links": self.serial_links,
-                "runtime": self.runtime.to_dict(), "admitted_us": list(self.admitted_us),
-                "completed_us": list(self.completed_us), "latency_us": list(self.latency_us),
-                "events": [e.to_dict() for e in self.events]}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RequestsTimeline":
-        check_schema_version(data, "RequestsTimeline")
-        try:
-            timeline = cls(
-                events=tuple(RequestEvent(**e) for e in data["events"]), admitted_us=data["admitted_us"],
-                completed_us=data["completed_us"], latency_us=data["latency_us"],
-                makespan_us=float(data["makespan_us"]), period_us=float(data["period_us"]),
-                max_in_flight=int(data["max_in_flight"]), serial_links=bool(data.get("serial_links", True)),
-                runtime=RuntimeModel.from_dict(data["runtime"]), schema_version=data["schema_version"])
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, SchemaError):
-                raise
-            raise SchemaError(f"RequestsTimeline JSON is malformed ({type(exc).__name__}: {exc})") from exc
-        return timeline.validate()
 
 
 class _Copy(NamedTuple):
@@ -265,6 +103,25 @@ class _Program:
                                                -1 - x, -1, input_readers.get((x, b), [])))
         self.tasks = k + sum(len(c) for c in self.copies_after) + len(self.input_copies)
         self.sequence = [[s.id for s in seg.segments if self.dev[s.id] == d] for d in range(model.n_dev)]
+        # copies="consumer": a segment waits for its producer segments on every device, then its worker copies
+        # what is not yet on its device (op outputs, and off the host the model inputs) before running it
+        self.k = k
+        self.producers = [sorted({i.segment for i in s.inputs}) for s in seg.segments]
+        self.readers_of: list[list[int]] = [[] for _ in range(k)]
+        for s in seg.segments:
+            for p in self.producers[s.id]:
+                self.readers_of[p].append(s.id)
+        self.pulls: list[list[_Copy]] = []
+        for s in seg.segments:
+            d = self.dev[s.id]
+            pulls = [_Copy((1, position[u]), self.dev[p], d, model.tdur[self.dev[p]][d][u], model.copy_bytes[u], u, p,
+                           []) for u, p in sorted({(i.op_id, i.segment) for i in s.inputs if self.dev[i.segment] != d})]
+            if d != host:
+                pulls += [_Copy((0, x), host, d, model.input_tdur[x][d], model.input_bytes[x], -1 - x, -1, [])
+                          for x in sorted({x for op in s.op_ids for x in model.op_inputs[op]})]
+            self.pulls.append(sorted(pulls, key=lambda c: c.key))
+        self.output_copies = [c for copies in self.copies_after for c in copies if c.dst == host
+                              and model.is_output[c.op_id] and c.src != host]
 
 
 def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runtime: RuntimeModel,
@@ -282,12 +139,18 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
     link_queue: dict[tuple[int, int], list[tuple]] = {}
     events: list[RequestEvent] = []
     admit_next = 0
+    consumer = runtime.copies == "consumer"
+    on_device: list[set[tuple]] = []                  # consumer copies: (copy key, device) already there
+    segments_left = [prog.k] * n_req
+
+    def copy_event(start: float, r: int, copy: _Copy, dst: int) -> float:
+        end = start + copy.duration_us
+        events.append(RequestEvent("copy", r, f"{names[copy.src]}->{names[dst]}", start, end,
+                                   copy.producer_segment, copy.op_id, copy.size_bytes))
+        return end
 
     def start_copy(now: float, r: int, copy: _Copy) -> None:
-        end = now + copy.duration_us
-        heapq.heappush(pending, (end, next(counter), "copy", (r, copy)))
-        events.append(RequestEvent("copy", r, f"{names[copy.src]}->{names[copy.dst]}", now, end,
-                                   copy.producer_segment, copy.op_id, copy.size_bytes))
+        heapq.heappush(pending, (copy_event(now, r, copy, copy.dst), next(counter), "copy", (r, copy)))
 
     def offer_copy(now: float, r: int, copy: _Copy) -> None:
         if serial:
@@ -302,13 +165,15 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         nonlocal admit_next
         r, admit_next = admit_next, admit_next + 1
         admitted[r] = now
-        deps.append(list(prog.n_deps))
-        for s, n in enumerate(prog.n_deps):
+        deps.append([len(p) for p in prog.producers] if consumer else list(prog.n_deps))
+        on_device.append(set())
+        for s, n in enumerate(deps[r]):
             if not n:
                 ready(r, s)
-        for copy in prog.input_copies:
-            offer_copy(now, r, copy)
-        if not prog.tasks:
+        if not consumer:
+            for copy in prog.input_copies:
+                offer_copy(now, r, copy)
+        if not (prog.k if consumer else prog.tasks):
             complete(now, r)
 
     def complete(now: float, r: int) -> None:
@@ -340,9 +205,15 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                 expected[d] = (er + 1, 0) if ek + 1 == len(prog.sequence[d]) else (er, ek + 1)
             heapq.heappop(queue)
             worker_busy[d] = True
-            end = now + prog.duration_us[s]
+            start = now
+            if consumer:
+                for pull in prog.pulls[s]:
+                    if (pull.key, d) not in on_device[r]:
+                        on_device[r].add((pull.key, d))
+                        start = copy_event(start, r, pull, d)
+            end = start + prog.duration_us[s]
             heapq.heappush(pending, (end, next(counter), "segment", (r, s)))
-            events.append(RequestEvent("segment", r, names[d], now, end, s))
+            events.append(RequestEvent("segment", r, names[d], start, end, s))
         for link, queue in link_queue.items():
             if queue and not link_busy.get(link):
                 link_busy[link] = True
@@ -356,15 +227,31 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         now = pending[0][0]
         while pending and pending[0][0] == now:
             _t, _n, kind, (r, item) = heapq.heappop(pending)
-            if kind == "segment":
+            if kind == "segment" and consumer:
+                satisfy(r, prog.readers_of[item])
+                segments_left[r] -= 1
+                if not segments_left[r] and prog.output_copies:    # this worker copies the outputs back
+                    end = now
+                    for copy in prog.output_copies:
+                        end = copy_event(end, r, copy, copy.dst)
+                    heapq.heappush(pending, (end, next(counter), "outputs", (r, prog.dev[item])))
+                    continue
+                worker_busy[prog.dev[item]] = False
+                if not segments_left[r]:
+                    complete(now, r)
+            elif kind == "outputs":
+                worker_busy[item] = False
+                complete(now, r)
+            elif kind == "segment":
                 worker_busy[prog.dev[item]] = False
                 satisfy(r, prog.after_segment[item])
                 for copy in prog.copies_after[item]:
                     offer_copy(now, r, copy)
+                finish(now, r)
             else:
                 link_busy[(item.src, item.dst)] = False
                 satisfy(r, item.waiting)
-            finish(now, r)
+                finish(now, r)
         dispatch(now)
     if any(math.isnan(c) for c in completed):
         raise InvalidPlanError("the runtime simulation stalled: some segment never became ready (the "

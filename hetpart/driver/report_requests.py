@@ -107,7 +107,7 @@ def requests_view(data: ReportData) -> RequestsView | None:
     if not applies(plan):
         return None
     config = PartitionConfig.coerce(plan.config)
-    runtime = RuntimeModel(config.dispatch_overhead_us_by_device).validate(data.costs.device_names)
+    runtime = RuntimeModel(config.dispatch_overhead_us_by_device, copies="consumer").validate(data.costs.device_names)
     segments = str(plan.stats.get("segments", "runtime"))
     segmentation = None
     if segments == "slices":

@@ -40,7 +40,8 @@ class DispatchOverhead:
     measured_at: str
 
     def runtime_model(self, device_names: Sequence[str]) -> RuntimeModel:
-        return RuntimeModel(dispatch_overhead_us_by_device={name: self.overhead_us for name in device_names})
+        return RuntimeModel(dispatch_overhead_us_by_device={name: self.overhead_us for name in device_names},
+                            copies="consumer")
 
     def to_dict(self) -> dict[str, Any]:
         return {"overhead_us": self.overhead_us, "one_segment_us": self.one_segment_us,

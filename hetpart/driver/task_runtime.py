@@ -22,10 +22,12 @@ What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model
 - ``threads_per_device`` gives each worker its own TVM pool size (``runtime.config_threadpool`` in that thread;
   it cannot exceed ``TVM_NUM_THREADS``); a CPU device with cores (``--devices cpu:0,cpu:1``) gets one thread per
   core, pinned to them;
-- ``trace=True`` records every segment run (request, segment, device, start and end time) in ``self.trace``.
+- ``trace=True`` records every segment run (a :class:`SegmentRun`: request, segment, device, start and end time,
+  and the part of it spent copying inputs) in ``self.trace``.
 
-Copies are made by the destination worker right before the segment runs (not when the producer ends, as the
-model assumes); on two CPU devices that is a memcpy on the consumer's thread.
+Copies are made by the destination worker right before the segment runs (on two CPU devices a memcpy on the
+consumer's thread), and a request's outputs are read back by the worker that ends it: the runtime model
+``RuntimeModel(copies="consumer")`` of ``hetpart.simulate_requests``.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -51,7 +53,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TaskRuntime"]
+__all__ = ["SegmentRun", "TaskRuntime"]
+
+
+class SegmentRun(NamedTuple):
+    """One segment run in ``TaskRuntime.trace`` (``time.perf_counter()`` seconds)."""
+
+    request: int
+    segment: int
+    device: str
+    start_s: float       # when the worker took the segment, before copying its inputs
+    end_s: float
+    copy_s: float        # of end_s - start_s, the time spent copying inputs from other devices
 
 
 @dataclass
@@ -123,8 +136,7 @@ class TaskRuntime:
         cores = {str(d["name"]): tuple(int(c) for c in d.get("cores", ())) for d in recorded}
         threads = {name: len(c) for name, c in cores.items() if c}
         threads.update(threads_per_device or {})
-        # (request, segment, device, start_s, end_s) per segment run, time.perf_counter() seconds, when tracing
-        self.trace: list[tuple[int, int, str, float, float]] | None = [] if trace else None
+        self.trace: list[SegmentRun] | None = [] if trace else None
         self._producers = [sorted({self.program.segment_of[op] for op in f.op_params}) for f in functions]
         self._consumers: list[list[int]] = [[] for _ in functions]
         for k, producers in enumerate(self._producers):
@@ -336,9 +348,9 @@ class TaskRuntime:
                 continue
             try:
                 started = time.perf_counter()
-                self._run_segment(request, segment, worker, calls[segment])
+                copy_s = self._run_segment(request, segment, worker, calls[segment])
                 if self.trace is not None:
-                    self.trace.append((index, segment, worker.device, started, time.perf_counter()))
+                    self.trace.append(SegmentRun(index, segment, worker.device, started, time.perf_counter(), copy_s))
             except BaseException as exc:  # noqa: BLE001 (fails this request only)
                 self._fail(request, exc)
                 continue
@@ -352,17 +364,21 @@ class TaskRuntime:
             cached = request.copies[(key, worker.device)] = _copy(value, worker.runtime_device)
         return cached
 
-    def _run_segment(self, request: _Request, segment: int, worker: _Worker, call: Any) -> None:
+    def _run_segment(self, request: _Request, segment: int, worker: _Worker, call: Any) -> float:
+        """Run ``segment`` of ``request`` on ``worker``; the seconds spent copying its inputs to the device."""
         fn = self.program.functions[segment]
         segment_of = self.program.segment_of
+        started = time.perf_counter()
         args = [self._operand(request, ("in", k), request.inputs[k], self.host, worker) for k in fn.input_params]
         args += [self._operand(request, op, request.values[op], self.program.functions[segment_of[op]].device,
                                worker) for op in fn.op_params]
+        copy_s = time.perf_counter() - started
         result = call(*args)
         if worker.stream is not None:     # the outputs are ready for other workers' copies once the stream is done
             worker.runtime_device.sync(worker.stream)
         for k, op in enumerate(fn.outputs):
             request.values[op] = result[k]
+        return copy_s
 
     def _segment_done(self, request: _Request, segment: int) -> None:
         with self._lock:

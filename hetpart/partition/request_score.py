@@ -80,7 +80,7 @@ def choose_for_requests(problem: Problem, candidates: Sequence[tuple[str, Sequen
                         method: str) -> tuple[int, list[Score]]:
     """Index of the candidate ``(name, assignment, order)`` with the smallest ``config.requests``-request makespan
     (ties: p99 latency, then the earlier candidate) under the runtime model of ``config``, and every score."""
-    runtime = RuntimeModel(problem.config.dispatch_overhead_us_by_device).validate(problem.names)
+    runtime = RuntimeModel(problem.config.dispatch_overhead_us_by_device, copies="consumer").validate(problem.names)
     scores = [score_assignment(problem, dev, order, method, runtime) for _name, dev, order in candidates]
     best = min(range(len(candidates)), key=lambda k: (*scores[k].key(), k))
     return best, scores

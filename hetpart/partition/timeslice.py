@@ -87,7 +87,8 @@ class _Candidates:
     def __init__(self, problem: Problem, grid: SliceGrid) -> None:
         self.problem, self.grid = problem, grid
         self.n_requests = problem.config.requests
-        self.runtime = RuntimeModel(problem.config.dispatch_overhead_us_by_device).validate(problem.names)
+        self.runtime = RuntimeModel(problem.config.dispatch_overhead_us_by_device,
+                                    copies="consumer").validate(problem.names)
         self.per_task = problem.config.timeslice_segments == "slices"
         self.order = tuple(op for task in grid.tasks for op in task.op_ids)
         model, n_dev = problem.model, problem.n_dev
@@ -133,23 +134,31 @@ class _Candidates:
         inside = self._inside(cuts)
         t_a, t_b = self.sides_us(cuts, first, inside)
         link = {(a, b): np.zeros(len(cuts)), (b, a): np.zeros(len(cuts))}
+        outputs_back = {a: np.zeros(len(cuts)), b: np.zeros(len(cuts))}     # copies of outputs made off the host
         for (task, readers), tdur in self.crossing.items():
             leaves = inside[:, task] & ~inside[:, list(readers)].all(axis=1)
             link[(a, b)] += leaves * tdur[a, b]
         for task, u in self.outputs:
             on_a = inside[:, task]
             if a != host:
-                link[(a, host)] += on_a * model.tdur[a][host][u]
+                outputs_back[a] += on_a * model.tdur[a][host][u]
             if b != host:
-                link[(b, host)] += ~on_a * model.tdur[b][host][u]
+                outputs_back[b] += ~on_a * model.tdur[b][host][u]
         for tasks, k in self.inputs:
             if tasks:
                 some_a = inside[:, tasks].any(axis=1)
                 some_b = ~inside[:, tasks].all(axis=1)
                 other, needs = (a, some_a) if a != host else (b, some_b)
                 link[(host, other)] += needs * model.input_tdur[k][other]
-        period = np.maximum.reduce([t_a, t_b, link[(a, b)], link[(b, a)]])
-        estimate = t_a + link[(a, b)] + t_b + (self.n_requests - 1) * period
+        if self.runtime.copies == "consumer":    # the receiving worker copies; outputs: the worker off the host
+            work = {a: t_a + link[(b, a)] + outputs_back[a], b: t_b + link[(a, b)] + outputs_back[b]}
+            period = np.maximum(work[a], work[b])
+            estimate = work[a] + work[b] + (self.n_requests - 1) * period
+        else:
+            link[(a, b)] += outputs_back[a]
+            link[(b, a)] += outputs_back[b]
+            period = np.maximum.reduce([t_a, t_b, link[(a, b)], link[(b, a)]])
+            estimate = t_a + link[(a, b)] + t_b + (self.n_requests - 1) * period
         return estimate, np.abs(t_a - t_b)
 
     # ------------------------------------------------------------------ exact scores

@@ -109,10 +109,12 @@ def test_gantt_png_colours_every_request_and_the_section_names_the_cut(timeslice
     assert chosen["candidate"] == "cut" and chosen["kind"] == "layer and time split", chosen   # this fixture's
     assert f"**Chosen: the {chosen['kind']} cut {chosen['cut']}**" in section
     assert f"{chosen['first_device']} runs the cut and {chosen['second_device']} the rest" in section
-    c0 = chosen["cut"][0]
-    assert (f"- RNN layer 0 (8 steps): slices 0–{c0 - 1} (steps 0–{c0 - 1}) on {chosen['first_device']}, slices "
-            f"{c0}–7 (steps {c0}–7) on {chosen['second_device']};") in section
-    assert "slices of 1 step" in section and "- RNN layer 1 (8 steps): all 8 slices on" in section
+    first, second = chosen["first_device"], chosen["second_device"]
+    for layer, c in enumerate(chosen["cut"]):       # each layer's slices 0..c-1 on the first device
+        where = f"all 8 slices on {first if c == 8 else second}" if c in (0, 8) else \
+            f"slices 0–{c - 1} (steps 0–{c - 1}) on {first}, slices {c}–7 (steps {c}–7) on {second}"
+        assert f"- RNN layer {layer} (8 steps): {where}" in section
+    assert "slices of 1 step" in section
     candidates = _table(section, "### Candidates simulated")
     assert len(candidates) >= 3 and sum("(chosen)" in r["candidate"] for r in candidates) == 1
     baselines = {r["plan"]: r for r in _table(section, "### Baselines on the same simulator")}

@@ -1,5 +1,7 @@
-"""The task runtime's simulator: hand-computed timelines (copy = 10 us + 1 us per byte, see conftest), its
-relation to hetpart.simulate, and dependency/resource invariants on random plans with many requests."""
+"""The task runtime's simulator with copies on the links (``RuntimeModel(copies="links")``; the copies the runtime
+makes itself are tested in test_simulate_requests_consumer.py): hand-computed timelines (copy = 10 us + 1 us per
+byte, see conftest), its relation to hetpart.simulate, and dependency/resource invariants on random plans with many
+requests."""
 from __future__ import annotations
 
 import time
@@ -14,12 +16,20 @@ from hetpart.errors import InvalidPlanError, SchemaError, UsageError
 from hetpart.plan import Plan
 from hetpart.segments import segment_plan
 from hetpart.simulate import SimModel, SimulationConfig, simulate
-from hetpart.simulate_requests import RequestsTimeline, RuntimeModel, simulate_requests, steady_state_period_us
+from hetpart.simulate_requests import RequestsTimeline, RuntimeModel, steady_state_period_us
+from hetpart.simulate_requests import simulate_requests as _simulate_requests
 from tests.hetpart.test_segments import random_problem
 from tests.hetpart.test_simulate import plan_of
 
-FIXED = RuntimeModel(worker_policy="fixed_order")
+LINKS = RuntimeModel(copies="links")
+FIXED = RuntimeModel(worker_policy="fixed_order", copies="links")
 TOL = 1e-6
+
+
+def simulate_requests(*args, **kwargs) -> RequestsTimeline:
+    """hetpart's, with this file's runtime model (copies on the links) unless another is given."""
+    kwargs.setdefault("runtime", LINKS)
+    return _simulate_requests(*args, **kwargs)
 
 
 def spans(tl: RequestsTimeline, request: int = 0) -> dict:
@@ -84,7 +94,7 @@ def test_a_request_is_admitted_when_a_slot_frees(make_tiny):
 
 def test_dispatch_overhead_is_added_once_per_segment(make_tiny):
     graph, costs, plan = two_device_chain(make_tiny, 100, 50)
-    runtime = RuntimeModel({"cpu": 7.0, "gpu": 3.0})
+    runtime = RuntimeModel({"cpu": 7.0, "gpu": 3.0}, copies="links")
     tl = simulate_requests(graph, costs, plan, runtime=runtime).validate()
     assert spans(tl) == {("seg", 0): (0, 107), ("copy", 0, "cpu->gpu"): (107, 127), ("seg", 1): (127, 180),
                          ("copy", 1, "gpu->cpu"): (180, 195)}
@@ -130,7 +140,8 @@ def test_period_is_the_mean_completion_interval_of_the_second_half():
 
 def test_json_round_trip_and_refused_arguments(make_tiny):
     graph, costs, plan = two_device_chain(make_tiny, 100, 50)
-    tl = simulate_requests(graph, costs, plan, n_requests=3, max_in_flight=2, runtime=RuntimeModel({"gpu": 2}))
+    tl = simulate_requests(graph, costs, plan, n_requests=3, max_in_flight=2,
+                           runtime=RuntimeModel({"gpu": 2}, copies="links"))
     assert RequestsTimeline.from_dict(tl.to_dict()) == tl
     assert RuntimeModel.from_dict(FIXED.to_dict()) == FIXED
     with pytest.raises(SchemaError, match="schema_version"):
@@ -138,11 +149,11 @@ def test_json_round_trip_and_refused_arguments(make_tiny):
     with pytest.raises(InvalidPlanError, match="latency"):
         RequestsTimeline.from_dict({**tl.to_dict(), "latency_us": [1.0, 2.0, 3.0]})
     with pytest.raises(UsageError, match="finite and >= 0"):
-        simulate_requests(graph, costs, plan, runtime=RuntimeModel({"cpu": -1.0}))
+        simulate_requests(graph, costs, plan, runtime=RuntimeModel({"cpu": -1.0}, copies="links"))
     with pytest.raises(UsageError, match="tpu"):
-        simulate_requests(graph, costs, plan, runtime=RuntimeModel({"tpu": 1.0}))
+        simulate_requests(graph, costs, plan, runtime=RuntimeModel({"tpu": 1.0}, copies="links"))
     with pytest.raises(UsageError, match="worker_policy"):
-        RuntimeModel(worker_policy="random").validate()
+        RuntimeModel(worker_policy="random", copies="links").validate()
     with pytest.raises(UsageError, match="n_requests"):
         simulate_requests(graph, costs, plan, n_requests=0)
     with pytest.raises(UsageError, match="max_in_flight"):
@@ -218,7 +229,7 @@ def test_events_respect_dependencies_and_resources(shape, n, seed, n_requests, l
                                                    serial, three):
     graph, costs, plan = problem(shape, n, seed, three)
     seg = segment_plan(graph, plan, merge=merge)
-    runtime = RuntimeModel({"cpu": overhead, "gpu": overhead / 2}, worker_policy=policy)
+    runtime = RuntimeModel({"cpu": overhead, "gpu": overhead / 2}, worker_policy=policy, copies="links")
     tl = simulate_requests(graph, costs, plan, n_requests=n_requests, max_in_flight=min(limit, n_requests),
                            runtime=runtime, segmentation=seg, config=SimulationConfig(serial_links=serial))
     check_runtime_timeline(graph, costs, plan, seg, tl, runtime)

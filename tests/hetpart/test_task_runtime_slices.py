@@ -113,9 +113,10 @@ def test_loaded_artifact_matches_onnxruntime_and_issues_in_request_slice_layer_o
         for a, b in zip(ours, ref):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
     n_segments = len(compiled.segments.program.functions)
-    assert sorted((r, s) for r, s, *_ in runs) == [(r, s) for r in range(REQUESTS) for s in range(n_segments)]
+    assert sorted((run.request, run.segment) for run in runs) == [(r, s) for r in range(REQUESTS) for s in range(n_segments)]
     for device in DEVICES:
-        issued = [(r, s) for r, s, d, *_ in sorted(runs, key=lambda run: run[3]) if d == device]
+        issued = [(run.request, run.segment) for run in sorted(runs, key=lambda run: run.start_s)
+                  if run.device == device]
         if in_flight == 1:      # one request at a time: the device's tasks strictly in (request, slice, layer) order
             assert issued == sorted(issued)
         for r in range(REQUESTS):    # within a request, always in (slice, layer) order

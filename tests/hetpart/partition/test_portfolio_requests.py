@@ -14,7 +14,7 @@ from tests.hetpart.partition.dags import BASELINES, random_dag
 
 
 def _score(graph, costs, plan, requests, overhead_us):
-    runtime = RuntimeModel({name: overhead_us for name in costs.device_names})
+    runtime = RuntimeModel({name: overhead_us for name in costs.device_names}, copies="consumer")
     return score_plan(graph, costs, plan, requests, runtime=runtime)
 
 

@@ -35,7 +35,7 @@ def _solve(graph: OpGraph, costs: CostTable, method: str, config: dict) -> Plan:
 
 
 def _baselines(graph: OpGraph, costs: CostTable, config: dict) -> dict[str, float]:
-    runtime = RuntimeModel(config.get("dispatch_overhead_us_by_device", {}))
+    runtime = RuntimeModel(config.get("dispatch_overhead_us_by_device", {}), copies="consumer")
     return {method: score_plan(graph, costs, _solve(graph, costs, method, config), config["requests"],
                                runtime=runtime).makespan_us
             for method in ("all_cpu", "all_gpu", "cp_greedy")}
@@ -57,7 +57,7 @@ def test_never_worse_than_single_devices_and_cp_greedy(layers, steps, requests, 
     config = {**FAST, "requests": requests, "slice_steps": slice_steps, "timeslice_segments": segments,
               "dispatch_overhead_us_by_device": {"cpu": overhead_us, "gpu": overhead_us}}
     plan = _solve(graph, costs, "timeslice", config)
-    runtime = RuntimeModel(config["dispatch_overhead_us_by_device"])
+    runtime = RuntimeModel(config["dispatch_overhead_us_by_device"], copies="consumer")
     per_task = plan.stats["segments"] == "slices"
     segmentation = slice_segmentation(graph, plan, build_slice_grid(graph, slice_steps)) if per_task else None
     assert score_plan(graph, costs, plan, requests, runtime=runtime,
@@ -129,10 +129,11 @@ def test_many_requests_pipeline_across_devices_near_the_two_device_limit():
     graph, costs = synthetic_rnn(2, 8, seed=1, gpu_speedup=1.0, post=False, pre=False)
     n = 32
     plan = _solve(graph, costs, "timeslice", {**FAST, "requests": n})
-    balance = simulate_request_balance(graph, costs, n_requests=n)
+    balance = simulate_request_balance(graph, costs, n_requests=n, runtime=RuntimeModel(copies="consumer"))
     limit = two_device_limit_per_s(balance.services)
     assert n / (_chosen(plan) * 1e-6) >= 0.9 * limit
-    assert plan.stats["chosen"]["latency_p99_us"] <= max(balance.latency_us)
+    # (its p99 latency is not always below request balancing's: the runtime's copies take the workers' time, and
+    # on two equal devices whole requests need fewer copies than a layer cut)
 
 
 def test_per_task_segments_overlap_the_devices_within_one_request():
