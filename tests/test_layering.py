@@ -9,7 +9,8 @@ from pathlib import Path
 import hetpart.partition
 
 CORE = ["hetpart", "hetpart.errors", "hetpart.graph", "hetpart.graph_elements", "hetpart.devices", "hetpart.costs",
-        "hetpart.plan", "hetpart.simulate", "hetpart.threads"]
+        "hetpart.plan", "hetpart.simulate", "hetpart.threads", "hetpart.segments", "hetpart.simulate_requests",
+        "hetpart.request_timeline"]
 FORBIDDEN = ("tvm", "tvm_ffi", "sklearn", "torch", "tvm_passes", "predictors", "onnx", "onnxruntime")
 
 
