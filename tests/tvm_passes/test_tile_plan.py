@@ -50,6 +50,18 @@ def test_which_conv_weights_are_prepacked(out_channels, groups, k, strides, widt
     assert conv_prepacks_weights(out_channels, groups, k, k, strides, width, lanes=16) is prepacked
 
 
+@pytest.mark.parametrize("out_channels, width, prepacked", [
+    (256, 56, True),      # 8 lanes: output-channel vectors for pointwise convs too
+    (144, 56, True),
+    (20, 56, False),      # outputs not whole vectors
+    (256, None, False),   # width not static
+])
+def test_eight_lane_pointwise_convs_are_prepacked(out_channels, width, prepacked):
+    assert conv_prepacks_weights(out_channels, 1, 1, 1, (1, 1), width, lanes=8) is prepacked
+    # 16 lanes: a pointwise conv on 56-wide rows keeps its column vectors
+    assert conv_prepacks_weights(out_channels, 1, 1, 1, (1, 1), 56, lanes=16) is False
+
+
 def test_conv_register_tiles():
     deep = conv_register_tile(out_channels=512, out_width=7, reduction=4608, channel_innermost_weights=True,
                               lanes=16)

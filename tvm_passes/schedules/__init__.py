@@ -24,8 +24,9 @@ Public API (used by tvm_passes.build, tvm_passes.outline and predictors.registry
 # convs whose input outweighs their weights run in bands of output rows across the cores (tile_plan.conv_row_bands);
 # 11: batch-1 dense convs with prepacked weights, or OIHW weights whose columns would not fill a register, tile
 # flattened output positions (conv2d_flat); depthwise convs split rows into whole vectors plus a tail
-# (conv2d_depthwise); stacks of 8 or more inputs stay kernels of their own (tvm_passes.fusion).
-RULES_VERSION = 11
+# (conv2d_depthwise); stacks of 8 or more inputs stay kernels of their own (tvm_passes.fusion); 12: with 8-lane
+# vectors (AVX2), stride-1 1x1 convs are prepacked too (tile_plan.conv_prepacks_weights).
+RULES_VERSION = 12
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights
