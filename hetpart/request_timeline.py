@@ -23,7 +23,8 @@ EVENT_KINDS = ("segment", "copy")
 
 @dataclass(frozen=True)
 class RuntimeModel:
-    """What the task runtime costs on top of the kernels, per device, and how its workers pick segments."""
+    """What the task runtime costs on top of the kernels, per device, how its workers pick segments and where its
+    copies run."""
 
     dispatch_overhead_us_by_device: Mapping[str, float] = field(default_factory=dict)   # per segment; absent: 0
     worker_policy: str = "priority"          # "priority": best ready segment; "fixed_order": strict sequence

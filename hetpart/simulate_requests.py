@@ -39,11 +39,11 @@ from hetpart.graph import OpGraph
 from hetpart.plan import Plan
 from hetpart.request_timeline import (COPY_PLACEMENTS, EVENT_KINDS, WORKER_POLICIES, RequestEvent, RequestsTimeline,
                                       RuntimeModel, steady_state_period_us)
+from hetpart.segments import Segmentation, segment_plan
+from hetpart.simulate import SimModel, SimulationConfig, plan_simulation_config
 
 __all__ = ["COPY_PLACEMENTS", "EVENT_KINDS", "WORKER_POLICIES", "RequestEvent", "RequestsTimeline", "RuntimeModel",
            "simulate_requests", "steady_state_period_us"]
-from hetpart.segments import Segmentation, segment_plan
-from hetpart.simulate import SimModel, SimulationConfig, plan_simulation_config
 
 
 class _Copy(NamedTuple):
