@@ -4,9 +4,10 @@ TVM's ``FoldConstant`` legalizes *every* call in a dataflow block (TOPI ``call_t
 find out whether its arguments are constant: on an unrolled 2-layer GRU of 18k ops that was most of the import
 time, for a handful of constant ops. :func:`fold_constants` visits the graph once in Python and hands TVM's pass
 only the calls that have no runtime argument, one small function each, so what is folded and how is TVM's own
-``FoldConstant``. ``shape_of`` a tensor of static shape is that shape (TVM's normalizer does the same). The layout ops of :data:`LAYOUT_OPS` on a constant are computed exactly with numpy instead of
-being compiled. Like ``FoldConstant``, it substitutes constants for the variables bound to them and shape
-expressions for call arguments bound to a shape, then drops dead bindings.
+``FoldConstant``. ``shape_of`` a tensor of static shape is that shape (TVM's normalizer does the same). The layout
+ops of :data:`LAYOUT_OPS` on a constant are computed exactly with numpy instead of being compiled. Like
+``FoldConstant``, it substitutes constants for the variables bound to them and shape expressions for call arguments
+bound to a shape, then drops dead bindings.
 """
 from __future__ import annotations
 
