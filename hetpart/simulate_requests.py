@@ -120,8 +120,8 @@ class _Program:
                 pulls += [_Copy((0, x), host, d, model.input_tdur[x][d], model.input_bytes[x], -1 - x, -1, [])
                           for x in sorted({x for op in s.op_ids for x in model.op_inputs[op]})]
             self.pulls.append(sorted(pulls, key=lambda c: c.key))
-        self.output_copies = [c for copies in self.copies_after for c in copies if c.dst == host
-                              and model.is_output[c.op_id] and c.src != host]
+        self.output_copies = [c for copies in self.copies_after for c in copies
+                              if c.dst == host and model.is_output[c.op_id]]
 
 
 def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runtime: RuntimeModel,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import tvm
+from tvm import relax
 
 __all__ = ["LAYOUT_OPS", "fold_constants"]
 
@@ -22,7 +24,7 @@ log = logging.getLogger(__name__)
 LAYOUT_OPS = frozenset({"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze"})
 
 
-def _layout_fold(call, relax):
+def _layout_fold(call):
     """The constant ``call`` (a layout op on a constant) computed with numpy, or None."""
     out_ty = call.ty
     if not isinstance(out_ty, relax.TensorType) or out_ty.shape is None:
@@ -38,7 +40,7 @@ def _layout_fold(call, relax):
     return relax.const(np.ascontiguousarray(value.reshape(target_shape)), str(out_ty.dtype))
 
 
-def _tvm_fold(call, tvm, relax):
+def _tvm_fold(call):
     """``call`` folded by TVM's FoldConstant in a function of its own: a Constant/ShapeExpr (or a tuple of them),
     or None."""
     bb = relax.BlockBuilder()
@@ -57,9 +59,6 @@ def _tvm_fold(call, tvm, relax):
 
 def fold_constants(mod):
     """``mod`` with every call that depends on no runtime value replaced by its value (see the module doc)."""
-    import tvm
-    from tvm import relax
-
     # TVM 0.27: tensor constants are tvm.ir.GenericConst, prim values IntImm/FloatImm -- all tvm.ir.Constant
     static_leaves = (tvm.ir.Constant, tvm.ir.StringImm, relax.ShapeExpr)
     counts = {"shape": 0, "numpy": 0, "tvm": 0, "kept": 0}
@@ -96,11 +95,11 @@ def fold_constants(mod):
             if not all(is_static(a) for a in call.args):
                 return call
             if call.op.name in LAYOUT_OPS and isinstance(call.args[0], tvm.ir.GenericConst):
-                folded = _layout_fold(self.builder_.normalize(call), relax)
+                folded = _layout_fold(self.builder_.normalize(call))
                 if folded is not None:
                     counts["numpy"] += 1
                     return folded
-            folded = _tvm_fold(call, tvm, relax)
+            folded = _tvm_fold(call)
             counts["tvm" if folded is not None else "kept"] += 1
             return call if folded is None else folded
 
