@@ -23,7 +23,7 @@ from hetpart.driver.report_data import ReportData, fmt_us, md_table
 from hetpart.partition import cp_greedy
 from hetpart.partition.common import PartitionConfig, Problem
 from hetpart.partition.request_balance import simulate_request_balance
-from hetpart.partition.request_score import score_plan
+from hetpart.partition.request_score import runtime_model, score_plan
 from hetpart.partition.single_device import single_device_assignment
 from hetpart.partition.slices import build_slice_grid
 from hetpart.partition.timeslice import CONSIDERED, slice_segmentation
@@ -107,7 +107,7 @@ def requests_view(data: ReportData) -> RequestsView | None:
     if not applies(plan):
         return None
     config = PartitionConfig.coerce(plan.config)
-    runtime = RuntimeModel(config.dispatch_overhead_us_by_device, copies="consumer").validate(data.costs.device_names)
+    runtime = runtime_model(config, data.costs.device_names)
     segments = str(plan.stats.get("segments", "runtime"))
     segmentation = None
     if segments == "slices":

@@ -16,7 +16,7 @@ import numpy as np
 
 from hetpart.costs import CostTable
 from hetpart.graph import OpGraph
-from hetpart.partition.common import Problem
+from hetpart.partition.common import PartitionConfig, Problem
 from hetpart.plan import Plan
 from hetpart.segments import Segmentation
 from hetpart.simulate_requests import RuntimeModel, simulate_requests
@@ -76,11 +76,16 @@ def score_assignment(problem: Problem, dev: Sequence[int], order: Sequence[int],
                       segmentation=None if segmentation_for is None else segmentation_for(plan))
 
 
+def runtime_model(config: PartitionConfig, device_names: Sequence[str]) -> RuntimeModel:
+    """The task runtime's model a partition config describes: its overhead per segment, copies on the consumer."""
+    return RuntimeModel(config.dispatch_overhead_us_by_device, copies="consumer").validate(device_names)
+
+
 def choose_for_requests(problem: Problem, candidates: Sequence[tuple[str, Sequence[int], Sequence[int]]],
                         method: str) -> tuple[int, list[Score]]:
     """Index of the candidate ``(name, assignment, order)`` with the smallest ``config.requests``-request makespan
     (ties: p99 latency, then the earlier candidate) under the runtime model of ``config``, and every score."""
-    runtime = RuntimeModel(problem.config.dispatch_overhead_us_by_device, copies="consumer").validate(problem.names)
+    runtime = runtime_model(problem.config, problem.names)
     scores = [score_assignment(problem, dev, order, method, runtime) for _name, dev, order in candidates]
     best = min(range(len(candidates)), key=lambda k: (*scores[k].key(), k))
     return best, scores

@@ -47,12 +47,11 @@ from hetpart.errors import UsageError
 from hetpart.graph import OpGraph
 from hetpart.partition import cp_greedy
 from hetpart.partition.common import PartitionConfig, Problem, finish_plan
-from hetpart.partition.request_score import Score, score_assignment
+from hetpart.partition.request_score import Score, runtime_model, score_assignment
 from hetpart.partition.single_device import single_device_assignment
 from hetpart.partition.slices import SliceGrid, build_slice_grid
 from hetpart.plan import Plan
 from hetpart.segments import Segmentation, describe_segments
-from hetpart.simulate_requests import RuntimeModel
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +86,7 @@ class _Candidates:
     def __init__(self, problem: Problem, grid: SliceGrid) -> None:
         self.problem, self.grid = problem, grid
         self.n_requests = problem.config.requests
-        self.runtime = RuntimeModel(problem.config.dispatch_overhead_us_by_device,
-                                    copies="consumer").validate(problem.names)
+        self.runtime = runtime_model(problem.config, problem.names)
         self.per_task = problem.config.timeslice_segments == "slices"
         self.order = tuple(op for task in grid.tasks for op in task.op_ids)
         model, n_dev = problem.model, problem.n_dev
@@ -150,15 +148,10 @@ class _Candidates:
                 some_b = ~inside[:, tasks].all(axis=1)
                 other, needs = (a, some_a) if a != host else (b, some_b)
                 link[(host, other)] += needs * model.input_tdur[k][other]
-        if self.runtime.copies == "consumer":    # the receiving worker copies; outputs: the worker off the host
-            work = {a: t_a + link[(b, a)] + outputs_back[a], b: t_b + link[(a, b)] + outputs_back[b]}
-            period = np.maximum(work[a], work[b])
-            estimate = work[a] + work[b] + (self.n_requests - 1) * period
-        else:
-            link[(a, b)] += outputs_back[a]
-            link[(b, a)] += outputs_back[b]
-            period = np.maximum.reduce([t_a, t_b, link[(a, b)], link[(b, a)]])
-            estimate = t_a + link[(a, b)] + t_b + (self.n_requests - 1) * period
+        # the runtime's copies take worker time: the receiving worker's, and for outputs the worker off the host
+        work = {a: t_a + link[(b, a)] + outputs_back[a], b: t_b + link[(a, b)] + outputs_back[b]}
+        period = np.maximum(work[a], work[b])
+        estimate = work[a] + work[b] + (self.n_requests - 1) * period
         return estimate, np.abs(t_a - t_b)
 
     # ------------------------------------------------------------------ exact scores
