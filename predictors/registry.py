@@ -1,7 +1,8 @@
 """Which CPU predictor prices this host's kernels, and how it is fitted to this host.
 
-hetpart ships one CPU predictor per CPU core type (``predictors/data/cpu_<mcpu>.json``, plus ``cpu_default.json``);
-``hetpart fit`` writes one measured on the host into the cache (``$HETPART_CACHE_DIR/predictors/``).
+hetpart ships one CPU predictor per CPU core type (``predictors/data/cpu_<mcpu>.json``, plus ``cpu_default.json``),
+and for some CPUs one per smaller thread count (``cpu_<mcpu>_threads<N>.json``, for CPU devices on part of the
+cores); ``hetpart fit`` writes one measured on the host into the cache (``$HETPART_CACHE_DIR/predictors/``).
 :func:`load_cpu_predictor` picks the one for this host's CPU -- fitted here, else shipped -- (or the one the user
 names), warns when it was measured on another CPU, with another TVM thread count or on kernels of older CPU rules,
 and scales a foreign one by the
@@ -55,21 +56,34 @@ def host_cpu_name() -> str:
     return str(default_cpu_target().attrs["mcpu"])
 
 
-def shipped_cpu_predictor_path(cpu_name: str) -> Path:
-    """predictors/data/cpu_<cpu_name>.json: the predictor shipped with hetpart for that CPU (may not exist)."""
-    return Path(str(resources.files("predictors") / "data" / f"cpu_{cpu_name}.json"))
+def cpu_predictor_filename(cpu_name: str, threads: int | None = None) -> str:
+    """``cpu_<cpu_name>.json`` for a predictor timed with every core of the host (``threads`` None or the host's
+    CPU count, the deployment default), else ``cpu_<cpu_name>_threads<threads>.json``: a CPU device on some of the
+    cores (``--devices cpu:0,cpu:1``) runs its kernels with fewer threads, and kernels do not all scale alike."""
+    if threads is None or threads == (os.cpu_count() or 1):
+        return f"cpu_{cpu_name}.json"
+    if threads < 1:
+        raise PredictorError(f"a CPU predictor's thread count must be >= 1; found {threads}")
+    return f"cpu_{cpu_name}_threads{threads}.json"
 
 
-def fitted_cpu_predictor_path(cpu_name: str) -> Path:
-    """``$HETPART_CACHE_DIR/predictors/cpu_<cpu_name>.json``: where ``hetpart fit`` writes by default, and what the
-    loader picks first -- a predictor measured on this very host. Kept out of the installed package, which may be
-    read-only and whose shipped predictors a fit must not replace."""
-    return cache_root() / "predictors" / f"cpu_{cpu_name}.json"
+def shipped_cpu_predictor_path(cpu_name: str, threads: int | None = None) -> Path:
+    """predictors/data/cpu_<cpu_name>[_threads<N>].json: the predictor shipped with hetpart for that CPU (and
+    thread count, :func:`cpu_predictor_filename`; may not exist)."""
+    return Path(str(resources.files("predictors") / "data" / cpu_predictor_filename(cpu_name, threads)))
 
 
-def default_cpu_predictor_path(cpu_name: str | None = None) -> Path:
-    """The predictor for this host's CPU: one fitted here (:func:`fitted_cpu_predictor_path`), else the shipped
-    ``cpu_<mcpu>.json``, else ``cpu_default.json``.
+def fitted_cpu_predictor_path(cpu_name: str, threads: int | None = None) -> Path:
+    """``$HETPART_CACHE_DIR/predictors/cpu_<cpu_name>[_threads<N>].json``: where ``hetpart fit`` writes by default,
+    and what the loader picks first -- a predictor measured on this very host. Kept out of the installed package,
+    which may be read-only and whose shipped predictors a fit must not replace."""
+    return cache_root() / "predictors" / cpu_predictor_filename(cpu_name, threads)
+
+
+def default_cpu_predictor_path(cpu_name: str | None = None, threads: int | None = None) -> Path:
+    """The predictor for this host's CPU at ``threads`` TVM threads (default: the deployment's): one fitted here
+    for that thread count, else one shipped for it, else the CPU's predictor at every core (fitted here, else
+    shipped; the loader scales it to the thread count by the host calibration), else ``cpu_default.json``.
 
     One machine kind is not one CPU here: the same 2-core VMs ran on AMD Zen 5 (znver5), Zen 4 (znver4), Zen 3
     (znver3) and Intel (rocketlake) cores, where the profiler's canary kernel takes 70, 147-152 and 105 µs (Zen 5,
@@ -77,7 +91,10 @@ def default_cpu_predictor_path(cpu_name: str | None = None) -> Path:
     measured on (:func:`load_cpu_predictor` scales one from another CPU by a calibration suite timed on the
     host)."""
     cpu_name = cpu_name if cpu_name is not None else host_cpu_name()
-    for candidate in (fitted_cpu_predictor_path(cpu_name), shipped_cpu_predictor_path(cpu_name)):
+    threads = threads or deployment_threads()
+    candidates = [fitted_cpu_predictor_path(cpu_name, threads), shipped_cpu_predictor_path(cpu_name, threads),
+                  fitted_cpu_predictor_path(cpu_name), shipped_cpu_predictor_path(cpu_name)]
+    for candidate in candidates:
         if candidate.exists():
             return candidate
     return Path(str(resources.files("predictors") / "data" / DEFAULT_CPU_PREDICTOR))
@@ -100,9 +117,9 @@ def check_predictor_output(path: str | Path) -> None:
                              f"{PREDICTOR_FORMAT!r}); it is left alone. Give another path with -o, or move it away")
 
 
-def resolve_cpu_predictor_path(path: str | Path | None = None) -> Path:
-    """``path``, else $HETPART_CPU_PREDICTOR, else :func:`default_cpu_predictor_path`."""
-    return Path(path or os.environ.get(CPU_PREDICTOR_ENV_VAR) or default_cpu_predictor_path())
+def resolve_cpu_predictor_path(path: str | Path | None = None, threads: int | None = None) -> Path:
+    """``path``, else $HETPART_CPU_PREDICTOR, else :func:`default_cpu_predictor_path` for ``threads``."""
+    return Path(path or os.environ.get(CPU_PREDICTOR_ENV_VAR) or default_cpu_predictor_path(threads=threads))
 
 
 def predictor_rules_version(predictor: Any) -> int | None:
@@ -180,13 +197,13 @@ def load_host_cpu_predictor(path: str | Path | None = None, *, scale_to_host: bo
     deployment's."""
     from predictors.device_predictor import DevicePredictor
 
-    path = resolve_cpu_predictor_path(path)
+    threads = threads or deployment_threads()
+    path = resolve_cpu_predictor_path(path, threads)
     if not path.exists():
         raise PredictorError(f"no CPU latency predictor at {path}; build one with `hetpart profile --device cpu "
                              "--budget-minutes 60` and `hetpart fit`, or pass --cpu-predictor FILE")
     predictor = DevicePredictor.load(path)
     fitted_on, host = str(predictor.target.get("mcpu", "")), host_cpu_name()
-    threads = threads or deployment_threads()
     foreign_cpu = bool(fitted_on) and fitted_on != host
     foreign_threads = bool(predictor.num_threads) and predictor.num_threads != threads
     result, calibration = predictor, None
@@ -231,7 +248,7 @@ def _warn_foreign(path: Path, predictor: Any, host: str, threads: int, foreign_c
                 f"calibration, suite timed {calibration.measured_at}), a first-order correction "
                 "(benchmarks/results/predictor_transfer*.md)")
     fit = (f"profile and fit on this host for costs measured here: {FIT_HERE} writes "
-           f"{fitted_cpu_predictor_path(host)}, which is then used by default"
+           f"{fitted_cpu_predictor_path(host, threads)}, which is then used by default"
            + (" (run it with the deployment's TVM_NUM_THREADS)" if foreign_threads else ""))
     busy = calibration is not None and calibration.status == "none-fallback" and calibration.measured_at
     fix = (f"Compile again when the host is quiet (a clean calibration is then kept for later compiles), or {fit}"

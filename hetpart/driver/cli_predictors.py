@@ -74,9 +74,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from predictors.registry import check_predictor_output, fitted_cpu_predictor_path, host_cpu_name
 
     db = args.db or default_db()
-    output = args.output or fitted_cpu_predictor_path(host_cpu_name())
+    if args.output:
+        check_predictor_output(args.output)
+    predictor, info = fit_from_db(db, device=args.device)
+    # by default where the loader looks on this host for the thread count the database was timed with
+    output = args.output or fitted_cpu_predictor_path(host_cpu_name(), predictor.num_threads)
     check_predictor_output(output)
-    predictor, info = fit_from_db(db, device=args.device, output=output)
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    predictor.save(output)
     ctx = predictor.context
     bound, probed = info.get("cache_bound_bytes"), info.get("effective_cache_bytes")
     cache = (f"of a {bound / 2 ** 20:.0f} MiB bound (probed {probed / 2 ** 20:.0f} MiB)" if bound and probed
@@ -143,8 +148,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--db", type=Path, help=f"profile database (default {default_db()})")
     p.add_argument("-o", "--output", type=Path, help="predictor JSON to write (default: "
                    "predictors/cpu_<this host's CPU>.json in the cache, e.g. ~/.cache/hetpart/predictors/cpu_znver4.json, "
-                   "which hetpart compile then uses on this CPU); an existing file is replaced only if it is a "
-                   "predictor hetpart wrote")
+                   "which hetpart compile then uses on this CPU; cpu_<CPU>_threads<N>.json when the database was "
+                   "timed with fewer threads than the host has cores, used for CPU devices of N cores); an "
+                   "existing file is replaced only if it is a predictor hetpart wrote")
     p.set_defaults(func=cmd_fit)
 
     p = subparsers.add_parser("evaluate", help="honest error report of the predictors (leave-one-model-out, "

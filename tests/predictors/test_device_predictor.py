@@ -274,6 +274,7 @@ def test_a_predictor_of_an_earlier_feature_schema_predicts_with_its_own_features
 
 def test_every_shipped_cpu_predictor_is_named_for_the_cpu_it_was_measured_on():
     """predictors/data/cpu_<mcpu>.json is chosen on a host whose CPU is <mcpu>: the name must be the truth."""
+    from predictors.registry import cpu_predictor_filename as registry_filename
     from predictors.registry import default_cpu_predictor_path, shipped_cpu_predictor_path
 
     shipped = sorted(shipped_cpu_predictor_path("x").parent.glob("cpu_*.json"))
@@ -283,8 +284,9 @@ def test_every_shipped_cpu_predictor_is_named_for_the_cpu_it_was_measured_on():
         assert predictor.provenance()["feature_schema_version"] in KIND_FEATURES_BY_SCHEMA
         mcpu = predictor.target["mcpu"]
         if path.name != "cpu_default.json":
-            assert path.name == f"cpu_{mcpu}.json"
-            assert default_cpu_predictor_path(mcpu) == path
+            threads = predictor.num_threads if path.stem.rpartition("_")[2].startswith("threads") else None
+            assert path.name == registry_filename(mcpu, threads)
+            assert default_cpu_predictor_path(mcpu, threads) == path
     assert default_cpu_predictor_path("no-such-cpu").name == "cpu_default.json"
 
 
