@@ -1,14 +1,14 @@
 """The elements of an OpGraph: OpNode (one operator), Edge, TensorSpec (model input/output), KernelGroup, and
 tensor sizing (``dtype_bytes``, ``tensor_bytes``). The conventions are those of :mod:`hetpart.graph`.
 
-This module imports numpy only (core rule: no tvm / sklearn / torch).
+This module imports the standard library only (core rule: no tvm / sklearn / torch).
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping
-
-import numpy as np
 
 from hetpart.errors import InvalidGraphError, SchemaError
 
@@ -114,7 +114,7 @@ class TensorSpec:
 
     @property
     def size_bytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * dtype_bytes(self.dtype)
+        return tensor_bytes(self.shape, self.dtype)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
@@ -133,6 +133,7 @@ class KernelGroup:
         object.__setattr__(self, "op_ids", tuple(int(i) for i in self.op_ids))
 
 
+@functools.lru_cache(maxsize=None)
 def dtype_bytes(dtype: str) -> int:
     if dtype == "bool":
         return 1
@@ -143,4 +144,4 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def tensor_bytes(shape: Iterable[int], dtype: str) -> int:
-    return int(np.prod(tuple(shape), dtype=np.int64)) * dtype_bytes(dtype)
+    return math.prod(int(d) for d in shape) * dtype_bytes(dtype)
