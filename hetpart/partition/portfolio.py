@@ -17,8 +17,11 @@ the returned plan came from, ``start_makespans_us`` lists them all, ``searches``
 segment in ``config.dispatch_overhead_us_by_device``, which ``hetpart compile --segments`` measures), the search
 still descends on one request's simulated makespan, then every start, every local optimum and the final plan are
 simulated as the task runtime runs them (``hetpart.simulate_requests``: segments, their overhead, N requests in
-flight) and the one with the smallest N-request makespan is returned (``plan.stats["requests_objective"]``). The baselines are among them, so the plan
-is never worse than ``all_cpu``, ``all_gpu``, ``greedy`` or ``heft`` on that objective either.
+flight) and the one with the smallest N-request makespan is chosen (``plan.stats["requests_objective"]``). The
+baselines are among them. The chosen plan is then improved by moves scored on that objective itself
+(``request_search.improve_for_requests``: whole segments and boundary clusters to another device), which takes only
+improvements, so the plan is never worse than ``all_cpu``, ``all_gpu``, ``greedy`` or ``heft`` on that objective
+either.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from hetpart.partition.cp_greedy import IMPROVEMENT_REL_TOL, Correction, Outcome
 from hetpart.partition.greedy import greedy_assignment
 from hetpart.partition.heft import heft_schedule
 from hetpart.partition.request_score import choose_for_requests, wants_request_objective
+from hetpart.partition.request_search import improve_for_requests
 from hetpart.partition.single_device import single_device_assignment
 from hetpart.plan import Plan
 
@@ -94,12 +98,18 @@ def search(problem: Problem) -> tuple[list[int], list[int], float, dict[str, Any
     candidates.append((f"{start_name}+perturbation", result.dev, result.order))
     chosen, scores = choose_for_requests(problem, candidates, "portfolio")
     name, dev, order = candidates[chosen]
+    dev, refined, search_stats = improve_for_requests(problem, dev, order, correction.groups, "portfolio")
     stats["requests_objective"] = {
         "n_requests": problem.config.requests, "chosen": name,
         "dispatch_overhead_us_by_device": dict(problem.config.dispatch_overhead_us_by_device),
-        "single_request_best": candidates[-1][0], "chosen_score": scores[chosen].to_dict(),
+        "single_request_best": candidates[-1][0], "chosen_score": refined.to_dict(),
         "single_request_best_score": scores[-1].to_dict(),
-        "makespans_us": {n: sc.makespan_us for (n, _, _), sc in zip(candidates, scores)}}
+        "makespans_us": {n: sc.makespan_us for (n, _, _), sc in zip(candidates, scores)},
+        "search": search_stats}
+    if search_stats["moves"]:
+        logger.info("portfolio: %d move(s) by the %d-request objective took %s from %.0f us to %.0f us",
+                    search_stats["moves"], problem.config.requests, name, scores[chosen].makespan_us,
+                    refined.makespan_us)
     if chosen != len(candidates) - 1:
         logger.info("portfolio: %s wins for %d request(s) in flight (%.0f us against %.0f us for the single-request "
                     "best)", name, problem.config.requests, scores[chosen].makespan_us, scores[-1].makespan_us)

@@ -32,7 +32,7 @@ def test_never_worse_than_a_baseline_on_the_n_request_simulation(n_ops, dense, s
     objective = plan.stats["requests_objective"]
     assert objective["n_requests"] == requests
     assert objective["chosen_score"]["makespan_us"] == pytest.approx(ours.makespan_us)
-    assert ours.makespan_us == pytest.approx(min(objective["makespans_us"].values()))
+    assert ours.makespan_us <= min(objective["makespans_us"].values()) * (1 + 1e-9)   # improved by request_search
     assert ours.makespan_us <= objective["single_request_best_score"]["makespan_us"] * (1 + 1e-9)
 
 
