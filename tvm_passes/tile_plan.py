@@ -25,6 +25,13 @@ COLUMN_TILE = 8  # IHWO weights: 8 output columns share each weight vector load 
 # 3.30 -> 2.69 ms, 128->256 stride 2 1.63 -> 1.29 ms; 64ch 56x56 was faster with one register (4.54 vs 5.64).
 WIDE_CHANNEL_VECTORS = 2
 WIDE_MIN_REDUCTION = 1024
+# Accumulator registers a register tile may keep where the ISA has 16 vector registers (SSE, AVX2: 8 float lanes or
+# fewer); the others hold the weight vectors and the broadcast input. Measured on AVX2 (2 threads), flat conv
+# rule: 2 vectors x 6 positions and 1 x 12 ran alike, 2 x 8 (16 accumulators) up to 2x slower. Beyond it LLVM spills
+# accumulators to the stack, and the spilled tile's speed then depends on the caller's stack alignment: SqueezeNet's
+# 512->1000 1x1 conv on 13-wide rows (13 accumulators) ran the whole model in 29-30 ms in the task runtime's worker
+# and 22-23 ms when the same call went through one more Python frame; capped at 12, both 22-23 ms.
+ACCUMULATORS_16_REGISTERS = 12
 
 
 def vector_lanes_for(mcpu: str, mattr: Iterable[str] = (), dtype_bits: int = 32) -> int:
@@ -142,8 +149,10 @@ def conv_register_tile(out_channels: int, out_width: int, reduction: int, channe
     """The register tile the conv rule picks for an NCHW conv (``reduction`` = Ci/groups * kh * kw)."""
     if channel_innermost_weights and out_channels % lanes == 0:
         wide = out_channels % (lanes * WIDE_CHANNEL_VECTORS) == 0 and reduction >= WIDE_MIN_REDUCTION
-        return ConvRegisterTile(over_channels=True, reg_factor=pick_factor(out_width, COLUMN_TILE, minimum=4),
-                                vec_factor=lanes * WIDE_CHANNEL_VECTORS if wide else lanes)
+        vectors, columns = (WIDE_CHANNEL_VECTORS if wide else 1), pick_factor(out_width, COLUMN_TILE, minimum=4)
+        if lanes <= 8:
+            vectors, columns = _fit_16_registers(out_width, vectors, columns)
+        return ConvRegisterTile(over_channels=True, reg_factor=columns, vec_factor=lanes * vectors)
     if channel_innermost_weights and lanes > 1 and out_channels % (lanes // 2) == 0 \
             and column_vector_has_tail(out_width, lanes):
         # half-register channel vectors (see conv_prepacks_weights): better than a predicated column vector
@@ -151,6 +160,23 @@ def conv_register_tile(out_channels: int, out_width: int, reduction: int, channe
                                 vec_factor=lanes // 2)
     return ConvRegisterTile(over_channels=False, reg_factor=pick_factor(out_channels, CHANNEL_TILE, minimum=4),
                             vec_factor=column_vector_factor(out_width, lanes))
+
+
+def _fit_16_registers(out_width: int, vectors: int, columns: int) -> tuple[int, int]:
+    """(channel vectors, output columns) of a channel-vector tile within ACCUMULATORS_16_REGISTERS: as chosen when it
+    fits; else the same vectors over the largest divisor of the row (>= 4 columns) that fits; else one vector over
+    the largest such divisor, the whole row when it fits, or the fewest equal chunks that fit (the last chunk
+    guarded)."""
+    if vectors * columns <= ACCUMULATORS_16_REGISTERS:
+        return vectors, columns
+    for n_vectors in dict.fromkeys((vectors, 1)):
+        most = ACCUMULATORS_16_REGISTERS // n_vectors
+        fitting = [c for c in range(4, most + 1) if out_width % c == 0]
+        if fitting:
+            return n_vectors, max(fitting)
+    if out_width <= ACCUMULATORS_16_REGISTERS:
+        return 1, out_width
+    return 1, math.ceil(out_width / math.ceil(out_width / ACCUMULATORS_16_REGISTERS))
 
 
 # Batch-1 convs on several cores: bands of output rows (see conv_row_bands).

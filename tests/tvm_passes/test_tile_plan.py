@@ -4,8 +4,9 @@ import sys
 
 import pytest
 
-from tvm_passes.tile_plan import (column_vector_factor, conv_prepacks_weights, conv_register_tile, conv_row_bands,
-                                  matmul_register_tile, pick_factor, vector_lanes_for)
+from tvm_passes.tile_plan import (ACCUMULATORS_16_REGISTERS, column_vector_factor, conv_prepacks_weights,
+                                  conv_register_tile, conv_row_bands, matmul_register_tile, pick_factor,
+                                  vector_lanes_for)
 
 
 def test_importing_the_tile_plan_loads_no_tvm():
@@ -81,6 +82,24 @@ def test_conv_register_tiles():
     half = conv_register_tile(out_channels=24, out_width=82, reduction=288, channel_innermost_weights=True, lanes=16)
     assert (half.over_channels, half.vec_factor, half.reg_factor) == (True, 8, 8)
     assert half.lane_fill(16) == 0.5
+
+
+@pytest.mark.parametrize("out_channels, out_width, reduction, vectors, columns", [
+    (1000, 13, 512, 1, 7),     # SqueezeNet's classifier: 13 columns would spill; two chunks of 7, the last guarded
+    (512, 7, 4608, 1, 7),      # a wide (2-vector) tile of 7 columns is 14 accumulators: one vector instead
+    (128, 28, 1152, 2, 4),     # ... unless a smaller divisor of the row keeps both vectors
+    (64, 56, 576, 1, 8),       # within the budget already: unchanged
+    (128, 55, 64, 1, 11),
+])
+def test_conv_tiles_keep_at_most_12_accumulators_with_16_vector_registers(out_channels, out_width, reduction,
+                                                                         vectors, columns):
+    tile = conv_register_tile(out_channels=out_channels, out_width=out_width, reduction=reduction,
+                              channel_innermost_weights=True, lanes=8)
+    assert (tile.vec_factor // 8, tile.reg_factor) == (vectors, columns)
+    assert tile.accumulators(8) <= ACCUMULATORS_16_REGISTERS
+    # 32 registers (AVX-512) keep the measured wide tiles
+    assert conv_register_tile(out_channels=512, out_width=7, reduction=4608, channel_innermost_weights=True,
+                              lanes=16).accumulators(16) == 14
 
 
 MIB = 2 ** 20

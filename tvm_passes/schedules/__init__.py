@@ -25,8 +25,10 @@ Public API (used by tvm_passes.build, tvm_passes.outline and predictors.registry
 # 11: batch-1 dense convs with prepacked weights, or OIHW weights whose columns would not fill a register, tile
 # flattened output positions (conv2d_flat); depthwise convs split rows into whole vectors plus a tail
 # (conv2d_depthwise); stacks of 8 or more inputs stay kernels of their own (tvm_passes.fusion); 12: with 8-lane
-# vectors (AVX2), stride-1 1x1 convs are prepacked too (tile_plan.conv_prepacks_weights).
-RULES_VERSION = 12
+# vectors (AVX2), stride-1 1x1 convs are prepacked too (tile_plan.conv_prepacks_weights); 13: with 16 vector
+# registers (AVX2), the conv rule's channel-vector tiles keep at most 12 accumulators
+# (tile_plan.ACCUMULATORS_16_REGISTERS): more spilled to the stack.
+RULES_VERSION = 13
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Accumulator registers a tile keeps: 16-register ISAs (SSE/AVX2) leave room for two weight vectors and the
-# broadcast input. Measured on AVX2 (2 threads): 2 vectors x 6 positions and 1 x 12 ran alike; 2 x 8 (16
-# accumulators) was up to 2x slower (256->64 (64,1) conv: 0.48 -> 1.11 of onnxruntime's time), spilling.
-ACCUMULATORS_16_REGISTERS = 12
+from ..tile_plan import ACCUMULATORS_16_REGISTERS
+
+# Accumulator registers a tile keeps on 16-register ISAs (SSE/AVX2): tvm_passes.tile_plan.ACCUMULATORS_16_REGISTERS
+# (2 x 8 was up to 2x slower here: 256->64 (64,1) conv 0.48 -> 1.11 of onnxruntime's time, spilling).
 # AVX-512 (32 registers): the conv rule's widest tile, 2 vectors x 8 columns (not measured with this rule).
 ACCUMULATORS_32_REGISTERS = 16
 MIN_POSITION_TILE = 4
