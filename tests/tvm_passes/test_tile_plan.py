@@ -137,3 +137,15 @@ def test_matmul_register_tiles():
     assert (wide.gemv, wide.reg_factor, wide.vec_factor, wide.accumulators(16)) == (False, 4, 64, 16)
     ragged = matmul_register_tile(rows=35, cols=2600, lanes=16)   # 2600 = 8 x 325: half-register vectors
     assert (ragged.reg_factor, ragged.vec_factor, ragged.accumulators(16)) == (7, 8, 7)
+
+
+@pytest.mark.parametrize("rows, cols, reg, vectors", [
+    (128, 1024, 2, 4),    # BERT-small's FFN: 4 x 4 vectors would be 16 accumulators
+    (35, 10000, 5, 2),    # the LSTM LM's decoder: 7 x 2 would be 14
+    (1, 10000, 10, 1),    # a matrix-vector product within the budget: unchanged
+])
+def test_matmul_tiles_keep_at_most_12_accumulators_with_16_vector_registers(rows, cols, reg, vectors):
+    tile = matmul_register_tile(rows, cols, lanes=8)
+    assert (tile.reg_factor, tile.vec_factor // 8) == (reg, vectors)
+    assert tile.accumulators(8) <= ACCUMULATORS_16_REGISTERS
+    assert matmul_register_tile(128, 1024, lanes=16).accumulators(16) == 16    # 32 registers: as measured there

@@ -26,7 +26,7 @@ Public API (used by tvm_passes.build, tvm_passes.outline and predictors.registry
 # flattened output positions (conv2d_flat); depthwise convs split rows into whole vectors plus a tail
 # (conv2d_depthwise); stacks of 8 or more inputs stay kernels of their own (tvm_passes.fusion); 12: with 8-lane
 # vectors (AVX2), stride-1 1x1 convs are prepacked too (tile_plan.conv_prepacks_weights); 13: with 16 vector
-# registers (AVX2), the conv rule's channel-vector tiles keep at most 12 accumulators
+# registers (AVX2), the conv rule's channel-vector tiles and the matmul rule's tiles keep at most 12 accumulators
 # (tile_plan.ACCUMULATORS_16_REGISTERS): more spilled to the stack.
 RULES_VERSION = 13
 
