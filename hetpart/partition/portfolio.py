@@ -19,9 +19,9 @@ still descends on one request's simulated makespan, then every start, every loca
 simulated as the task runtime runs them (``hetpart.simulate_requests``: segments, their overhead, N requests in
 flight) and the one with the smallest N-request makespan is chosen (``plan.stats["requests_objective"]``). The
 baselines are among them. The chosen plan is then improved by moves scored on that objective itself
-(``request_search.improve_for_requests``: whole segments and boundary clusters to another device), which takes only
-improvements, so the plan is never worse than ``all_cpu``, ``all_gpu``, ``greedy`` or ``heft`` on that objective
-either.
+(``request_search.improve_for_requests``: whole segments, clusters and related pairs of clusters to another
+device), which takes only improvements, so the plan is never worse than ``all_cpu``, ``all_gpu``, ``greedy`` or
+``heft`` on that objective either.
 """
 from __future__ import annotations
 
