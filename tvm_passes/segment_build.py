@@ -238,7 +238,10 @@ def emit_segment_functions(mod: tvm.IRModule, segmentation: Segmentation) -> tup
                                f"{len(emitter.ops)} op bindings; segment the op-level plan of this module")
     leaves = emitter.output_leaves()
     model_output_ops = {op for op, _ in leaves}
-    bb = relax.BlockBuilder()
+    # the functions main calls come along (e.g. the PrimFuncs the ONNX frontend emits for a Clip with tensor
+    # bounds: MobileNetV2's ReLU6 is call_tir(maximum/minimum) already at import)
+    bb = relax.BlockBuilder(tvm.IRModule({gv: f for gv, f in mod.functions_items() if gv.name_hint != "main"},
+                                         attrs=mod.attrs))
     functions = []
     for seg in segmentation.segments:
         inputs, external = emitter.reads(seg.op_ids)
@@ -312,10 +315,16 @@ def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: S
 
 
 def _split_functions(mod: tvm.IRModule, names: set[str]) -> tuple[tvm.IRModule, tvm.IRModule]:
-    """(the functions not in ``names``, the functions in ``names``) as two modules."""
-    rest = {gv: f for gv, f in mod.functions_items() if gv.name_hint not in names}
-    chosen = {gv: f for gv, f in mod.functions_items() if gv.name_hint in names}
-    return tvm.IRModule(rest), tvm.IRModule(chosen)
+    """(the segment functions not in ``names``, the ones in ``names``) as two modules, each with the other
+    functions its segment functions call (a function both call goes to both)."""
+    segments = {gv: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
+
+    def with_callees(chosen: dict) -> tvm.IRModule:
+        called = {gv for f in chosen.values() for gv in relax.analysis.all_global_vars(f)}
+        return tvm.IRModule({**{gv: mod[gv] for gv in called if gv not in segments}, **chosen})
+
+    return (with_callees({gv: f for gv, f in segments.items() if gv.name_hint not in names}),
+            with_callees({gv: f for gv, f in segments.items() if gv.name_hint in names}))
 
 
 def _compile_gpu(gpu_mod: tvm.IRModule, gpu_target: Any, host: Any) -> Any:

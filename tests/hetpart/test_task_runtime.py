@@ -203,3 +203,34 @@ def test_tasks_mode_needs_a_compile_with_segments(tmp_path):
     hetpart.compile("squeezenet1_1", size=64, devices="cpu", output_dir=out)
     with pytest.raises(UsageError, match="--segments"):
         hetpart.load(out, mode="tasks")
+
+
+def test_segments_carry_the_prim_funcs_main_calls():
+    """A frontend may lower an op to call_tir at import (ONNX Clip with tensor bounds: MobileNetV2's ReLU6 is
+    call_tir(maximum/minimum)); every segment module must carry the PrimFuncs its functions call."""
+    from tvm import relax, tirx, topi
+
+    from hetpart.driver.task_runtime import TaskRuntime
+    from tvm_passes.extract import extract_op_graph
+
+    rng = np.random.default_rng(3)
+    w1, w2 = (rng.standard_normal((16, 16)).astype("float32") for _ in range(2))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.matmul(x, relax.const(w1)), name_hint="a")
+            b = bb.emit_te(topi.clip, a, -0.5, 0.5, name_hint="b")
+            c = bb.emit(relax.op.matmul(b, relax.const(w2)), name_hint="c")
+            d = bb.emit_te(topi.clip, c, -0.5, 0.5, name_hint="d")
+            out = bb.emit_output(d)
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert any(isinstance(f, tirx.PrimFunc) for f in mod.functions.values())     # main calls them already
+    graph = extract_op_graph(mod, with_kernels=False)
+    plan = random_plan(graph, ["cpu", "gpu", "gpu", "cpu"], ("cpu", "gpu"), lambda n: 0)
+    value = rng.standard_normal((1, 16)).astype("float32")
+    with TaskRuntime.from_module(mod, graph, plan) as rt:
+        (got,) = rt(value)
+    expected = np.clip(np.clip(value @ w1, -0.5, 0.5) @ w2, -0.5, 0.5)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
