@@ -65,6 +65,16 @@ def pick_factor(extent: int, preferred: int, minimum: int = 1, multiple_of: int 
     return preferred
 
 
+def largest_divisor(extent: int, most: int, least: int) -> int | None:
+    """The largest divisor of ``extent`` in [least, most]; ``extent`` itself when it is <= most; None without one."""
+    if extent <= most:
+        return extent
+    for factor in range(most, least - 1, -1):
+        if extent % factor == 0:
+            return factor
+    return None
+
+
 def column_vector_factor(out_width: int, lanes: int) -> int:
     """Vector length over output columns when the weights stay OIHW (one input row vector per channel tile).
 
@@ -165,17 +175,14 @@ def conv_register_tile(out_channels: int, out_width: int, reduction: int, channe
 def _fit_16_registers(out_width: int, vectors: int, columns: int) -> tuple[int, int]:
     """(channel vectors, output columns) of a channel-vector tile within ACCUMULATORS_16_REGISTERS: as chosen when it
     fits; else the same vectors over the largest divisor of the row (>= 4 columns) that fits; else one vector over
-    the largest such divisor, the whole row when it fits, or the fewest equal chunks that fit (the last chunk
+    the largest such divisor (the whole row when it fits), or the fewest equal chunks that fit (the last chunk
     guarded)."""
     if vectors * columns <= ACCUMULATORS_16_REGISTERS:
         return vectors, columns
     for n_vectors in dict.fromkeys((vectors, 1)):
-        most = ACCUMULATORS_16_REGISTERS // n_vectors
-        fitting = [c for c in range(4, most + 1) if out_width % c == 0]
+        fitting = largest_divisor(out_width, ACCUMULATORS_16_REGISTERS // n_vectors, 4)
         if fitting:
-            return n_vectors, max(fitting)
-    if out_width <= ACCUMULATORS_16_REGISTERS:
-        return 1, out_width
+            return n_vectors, fitting
     return 1, math.ceil(out_width / math.ceil(out_width / ACCUMULATORS_16_REGISTERS))
 
 
@@ -265,6 +272,5 @@ def matmul_register_tile(rows: int, cols: int, lanes: int) -> MatmulRegisterTile
     vectors = math.ceil(vec / lanes)
     if lanes <= 8 and reg * vectors > ACCUMULATORS_16_REGISTERS:
         most = max(1, ACCUMULATORS_16_REGISTERS // vectors)
-        fitting = [r for r in range(2, most + 1) if unrolled % r == 0]
-        reg = max(fitting) if fitting else most
+        reg = largest_divisor(unrolled, most, 2) or most
     return MatmulRegisterTile(reg_factor=reg, vec_factor=vec, gemv=gemv)

@@ -75,11 +75,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     db = args.db or default_db()
     if args.output:
-        check_predictor_output(args.output)
+        check_predictor_output(args.output)            # before the fit: a given path is known now
     predictor, info = fit_from_db(db, device=args.device)
-    # by default where the loader looks on this host for the thread count the database was timed with
-    output = args.output or fitted_cpu_predictor_path(host_cpu_name(), predictor.num_threads)
-    check_predictor_output(output)
+    output = args.output
+    if not output:   # where the loader looks on this host for the thread count the database was timed with
+        output = fitted_cpu_predictor_path(host_cpu_name(), predictor.num_threads)
+        check_predictor_output(output)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     predictor.save(output)
     ctx = predictor.context

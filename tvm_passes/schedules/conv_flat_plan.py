@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..tile_plan import ACCUMULATORS_16_REGISTERS
+from ..tile_plan import ACCUMULATORS_16_REGISTERS, largest_divisor
 
 # Accumulator registers a tile keeps on 16-register ISAs (SSE/AVX2): tvm_passes.tile_plan.ACCUMULATORS_16_REGISTERS
 # (2 x 8 was up to 2x slower here: 256->64 (64,1) conv 0.48 -> 1.11 of onnxruntime's time, spilling).
@@ -99,16 +99,6 @@ def _position_tiles(positions: int, most: int) -> list[int]:
     if positions <= most:
         return [positions]
     return [reg for reg in range(MIN_POSITION_TILE, most + 1) if positions % reg == 0]
-
-
-def largest_divisor(extent: int, most: int, least: int) -> int | None:
-    """The largest divisor of ``extent`` in [least, most]; ``extent`` itself when it is <= most; None without one."""
-    if extent <= most:
-        return extent
-    for factor in range(most, least - 1, -1):
-        if extent % factor == 0:
-            return factor
-    return None
 
 
 def parallel_blocks(channels: int, rows: int, width: int, vec: int, reg: int, kernel_rows: int, input_rows: int,
