@@ -12,22 +12,21 @@ FLOPs (a multiply-add counts as 2 FLOPs)
   output; reductions/softmax/normalisation: a small constant per input element (see ``_FLOPS_PER_ELEMENT``);
   elementwise: one per output element; data movement (reshape, transpose, concat, take, split, ...): 0.
 Fused-kernel level
-  TVM's own fusion (LegalizeOps, AnnotateTIROpPattern, FuseOps) runs on a copy in which every legalized
-  PrimFunc is renamed after the op it came from, so each fused function names its member ops exactly.
+  TVM's own fusion (LegalizeOps, AnnotateTIROpPattern, FuseOps) groups the ops into kernels; each fused
+  function's members are mapped back to ops exactly (:mod:`tvm_passes.kernel_groups`).
 """
 from __future__ import annotations
 
 import collections
-import functools
 import logging
-import re
 from typing import Any, Iterable
 
 import numpy as np
 
 from hetpart.errors import InvalidGraphError
-from hetpart.graph import Edge, KernelGroup, OpGraph, OpNode, TensorSpec, tensor_bytes
+from hetpart.graph import Edge, OpGraph, OpNode, TensorSpec, tensor_bytes
 from tvm_passes.bindings import op_bindings
+from tvm_passes.kernel_groups import fused_kernel_groups
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +76,8 @@ def _static_shape(ty) -> tuple[int, ...]:
     if ty.shape is None:
         raise InvalidGraphError("a tensor has an unknown shape; bind every input shape before extracting")
     try:
-        return tuple(int(s) for s in ty.shape.values)
-    except TypeError:
+        return tuple(s.value for s in ty.shape.values[:])     # slicing reads an FFI array faster than iterating
+    except AttributeError:                                     # a symbolic dimension has no value
         raise InvalidGraphError(f"a tensor has a symbolic shape {ty.shape}; bind input shapes "
                                 "(--input-shape NAME=DIMS) so that every shape is static") from None
 
@@ -151,7 +150,9 @@ class _Extractor:
     def __init__(self, func, param_inputs: Iterable[str]):
         self.func = func
         self.param_names = set(param_inputs)
-        self.param_vars = {p for p in func.params if p.name in self.param_names}
+        # vars are keyed by object address (__chandle__): a dict keyed by the vars compares each hit with Var.__eq__
+        self.param_vars = {p.__chandle__() for p in func.params if p.name in self.param_names}
+        self.input_handles = {p.__chandle__(): p.name for p in func.params if p.name not in self.param_names}
         self.input_vars = [p for p in func.params if p.name not in self.param_names]
         self.nodes: list[OpNode] = []
         # var -> list of (source, item index or None); source is ("op", id) | ("input", name) | ("param",)
@@ -164,12 +165,13 @@ class _Extractor:
         from tvm import relax
 
         if isinstance(expr, relax.Var):
-            if expr in self.param_vars:
+            handle = expr.__chandle__()
+            if handle in self.param_vars:
                 return [(("param",), None)]
-            if expr in self.origin:
-                return self.origin[expr]
-            if any(expr.same_as(p) for p in self.input_vars):
-                return [(("input", expr.name), None)]
+            if handle in self.origin:
+                return self.origin[handle]
+            if handle in self.input_handles:
+                return [(("input", self.input_handles[handle]), None)]
             return []
         if isinstance(expr, tvm.ir.GenericConst):
             return [(("param",), None)]
@@ -183,13 +185,13 @@ class _Extractor:
     def run(self, bindings_of_ops: list) -> None:
         from tvm import relax
 
-        op_set = {b.var for b in bindings_of_ops}
+        op_set = {b.var.__chandle__() for b in bindings_of_ops}
         for block in self.func.body.blocks:
             for b in block.bindings:
-                if b.var in op_set:
+                if b.var.__chandle__() in op_set:
                     self._add_op(b)
                 elif isinstance(b, (relax.VarBinding, relax.MatchCast)):   # alias / TupleGetItem / Tuple
-                    self.origin[b.var] = self._sources(b.value)
+                    self.origin[b.var.__chandle__()] = self._sources(b.value)
 
     def _operand_bytes(self, arg) -> list[int]:
         return [tensor_bytes(_static_shape(t), str(t.dtype)) for t in _tensor_types(arg.ty)]
@@ -235,7 +237,7 @@ class _Extractor:
             param_bytes=param_bytes, shape_only=(not out_types) or short in _SHAPE_OPS,
             graph_inputs=sorted(set(graph_inputs)), tags=_rnn_tags(binding.var.name)))
         self.edge_bytes[op_id] = producers
-        self.origin[binding.var] = [(("op", op_id), None)]
+        self.origin[binding.var.__chandle__()] = [(("op", op_id), None)]
 
     def graph(self, name: str, source_hash: str) -> OpGraph:
         edges = [Edge(src, dst, size) for dst, prods in sorted(self.edge_bytes.items())
@@ -261,91 +263,6 @@ def _rnn_tags(var_name: str) -> dict[str, Any]:
     from tvm_passes.rnn import parse_rnn_tag
 
     return parse_rnn_tag(var_name) or {}
-
-
-_OP_PREFIX = "hpop"
-_OP_PREFIX_RE = re.compile(rf"^{_OP_PREFIX}(\d+)__(.*)$")
-
-
-@functools.lru_cache(maxsize=None)
-def _rename_kernels_mutator() -> type:
-    """The mutator that points every op's call_tir at a private copy of its PrimFunc named hpop<id>__<name>.
-
-    Made once: TVM keeps every class its ``mutator`` decorator makes alive, with whatever its methods close over. A
-    class made per call closed over the legalized module and leaked it, weights included: 555 MB per VGG-16
-    extraction, which killed a three-pass ``hetpart profile`` at 24 GB.
-    """
-    import tvm
-    from tvm import relax
-
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-
-    @relax.expr_functor.mutator
-    class _RenameKernels(relax.PyExprMutator):
-        def __init__(self, legal, id_of_name: dict[str, int]) -> None:
-            super().__init__(legal)
-            self.legal, self.id_of_name = legal, id_of_name
-
-        def visit_var_binding_(self, binding):
-            value, op_id = binding.value, self.id_of_name.get(binding.var.name)
-            if op_id is not None and isinstance(value, relax.Call) and value.op.same_as(call_tir):
-                new_gv = self.builder_.add_func(self.legal[value.args[0]].with_attr("hetpart.op_id", op_id),
-                                                f"{_OP_PREFIX}{op_id}__{value.args[0].name_hint}")
-                new_value = self.builder_.normalize(relax.Call(
-                    value.op, [new_gv] + [self.visit_expr(a) for a in value.args[1:]], value.attrs, value.ty_args))
-                self.builder_.emit_normalized(relax.VarBinding(binding.var, new_value))
-                return
-            super().visit_var_binding_(binding)
-
-    return _RenameKernels
-
-
-def fused_kernel_groups(mod, ops: list[OpNode]) -> tuple[KernelGroup, ...]:
-    """Which ops TVM's FuseOps puts into one kernel (ops not legalized to a kernel stay single)."""
-    import tvm
-    from tvm import relax
-
-    from tvm_passes.fusion import fusion_passes
-    from tvm_passes.legalize import legalize_ops
-
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    legal = legalize_ops()(mod)
-    mutator = _rename_kernels_mutator()(legal, {n.name: n.id for n in ops})
-    mutator.builder_.update_func(legal.get_global_var("main"), mutator.visit_expr(legal["main"]))
-    renamed = mutator.builder_.get()
-    fused = tvm.transform.Sequential(fusion_passes())(renamed)
-
-    def member_ids(f) -> list[int]:
-        ids = []
-        for block in f.body.blocks:
-            for b in block.bindings:
-                if isinstance(b.value, relax.Call) and b.value.op.same_as(call_tir):
-                    m = _OP_PREFIX_RE.match(b.value.args[0].name_hint)
-                    if m:
-                        ids.append(int(m.group(1)))
-        return ids
-
-    groups: list[tuple[list[int], str]] = []
-    for block in fused["main"].body.blocks:
-        for b in block.bindings:
-            value = b.value
-            if not isinstance(value, relax.Call):
-                continue
-            if isinstance(value.op, tvm.ir.GlobalVar) and isinstance(fused[value.op], relax.Function):
-                ids = member_ids(fused[value.op])
-                if ids:
-                    groups.append((ids, "fused_" + "_".join(
-                        ops[i].op.removeprefix("relax.").replace("nn.", "") for i in ids)))
-            elif value.op.same_as(call_tir):
-                m = _OP_PREFIX_RE.match(value.args[0].name_hint)
-                if m:
-                    groups.append(([int(m.group(1))], m.group(2)))
-    grouped = {i for ids, _ in groups for i in ids}
-    for node in ops:  # ops that were not legalized to a kernel (e.g. builtins) form their own group
-        if node.id not in grouped:
-            groups.append(([node.id], node.op.removeprefix("relax.")))
-    groups.sort(key=lambda g: min(g[0]))
-    return tuple(KernelGroup(k, name, tuple(sorted(ids))) for k, (ids, name) in enumerate(groups))
 
 
 def extract_op_graph(mod, *, name: str = "", source_hash: str = "", param_inputs: Iterable[str] = (),

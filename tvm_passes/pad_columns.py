@@ -104,7 +104,7 @@ def _ragged_weight(value: Any, multiple: int) -> np.ndarray | None:
 @functools.lru_cache(maxsize=None)
 def _padder_class() -> type:
     """The visitor and mutator classes, made once: TVM keeps every class its decorators make alive, with whatever
-    it closes over (see tvm_passes.extract._rename_kernels_mutator); instances hold the weights only until
+    it closes over (see tvm_passes.kernel_groups._rename_kernels_mutator); instances hold the weights only until
     :meth:`forget`."""
     import tvm
     from tvm import relax
