@@ -26,7 +26,7 @@ vdevice for a second CPU device when emulating, or to apply another CPU target).
 from __future__ import annotations
 
 import logging
-from typing import Any, Union
+from typing import Any, Sequence, Union
 
 import tvm
 import tvm_ffi
@@ -295,8 +295,12 @@ def _placement_like(ty: Any, device: str) -> Placement:
     return None
 
 
-def annotate_module(mod: tvm.IRModule, plan: Plan, devices: DeviceSet) -> tvm.IRModule:
-    """Apply ``plan`` to ``mod["main"]`` and return a new module (see the module docstring)."""
+def annotate_module(mod: tvm.IRModule, plan: Plan, devices: DeviceSet,
+                    vdevices: Sequence[relax.VDevice] | None = None) -> tvm.IRModule:
+    """Apply ``plan`` to ``mod["main"]`` and return a new module (see the module docstring). ``vdevices``: the
+    vdevice of each device in :func:`tvm_passes.vdevices.vdevice_order` (default: each device's own target,
+    :func:`tvm_passes.vdevices.make_vdevices`); ``tvm_passes.build.deployment_vdevices`` gives the ones the build
+    compiles for."""
     plan.validate()
     devices.validate()
     if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
@@ -305,7 +309,10 @@ def annotate_module(mod: tvm.IRModule, plan: Plan, devices: DeviceSet) -> tvm.IR
         raise InvalidPlanError("the module already declares vdevices; apply AnnotateDevicePlacement to the "
                                "frontend's module, once")
     ordered = vdevice_order(plan, devices)
-    vdevices = make_vdevices(ordered)
+    vdevices = make_vdevices(ordered) if vdevices is None else list(vdevices)
+    if len(vdevices) != len(ordered):
+        raise InvalidPlanError(f"annotate_module needs one vdevice per device of the plan ({[d.name for d in ordered]}); "
+                               f"found {len(vdevices)}")
     names = [d.name for d in ordered]
     emitter = _PlacementEmitter(mod["main"], plan, names, vdevices)
     new_main = emitter.run().with_attr(VDEVICE_NAMES_ATTR, names)

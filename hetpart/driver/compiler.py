@@ -247,7 +247,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     from predictors.costs import build_cost_table
     from predictors.registry import load_host_cpu_predictor
     from tvm_passes.annotate import annotate_module
-    from tvm_passes.build import build, cuda_available
+    from tvm_passes.build import build, cuda_available, deployment_vdevices
     from tvm_passes.extract import extract_op_graph
     from tvm_passes.rnn import RnnImportOptions
     from tvm_passes.tuning_db import default_database_dir, has_database
@@ -323,7 +323,8 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     op_plan = expand_plan(chosen, graph, op_graph)
     emulate = (not cuda_available()) if emulate_gpu is None else emulate_gpu
     say("compiling" + (" (GPU emulated on a second CPU device: no CUDA here)" if emulate and choice.gpu_preset is not None else ""))
-    annotated = annotate_module(imported.mod, op_plan, choice.devices)
+    annotated = annotate_module(imported.mod, op_plan, choice.devices,
+                                deployment_vdevices(op_plan, choice.devices, emulate_gpu=emulate))
     tuning = default_database_dir()
     built = build(annotated, choice.devices, emulate_gpu=emulate,
                   tuning_database=tuning if has_database(tuning) else None)

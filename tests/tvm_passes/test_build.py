@@ -11,7 +11,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import relax, topi  # noqa: E402
 
 from hetpart.devices import DeviceSet, cpu_device, gpu_from_preset, preset_links  # noqa: E402
-from hetpart.errors import BuildError, InputMismatchError  # noqa: E402
+from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError  # noqa: E402
 from hetpart.plan import Plan  # noqa: E402
 from tvm_passes import build as build_module  # noqa: E402
 from tvm_passes.annotate import AnnotateDevicePlacement  # noqa: E402
@@ -114,6 +114,27 @@ def test_emulated_partitioned_cnn_matches_all_cpu_and_numpy(all_cpu, device_of):
     gpu = next(d for d in result.manifest.devices if d["name"] == "gpu")
     assert gpu["emulated"] and gpu["runtime"] == "cpu" and gpu["index"] == 1
     assert any("EMULATED" in note for note in result.manifest.notes)
+
+
+def test_annotating_with_deployment_vdevices_skips_retargeting_and_runs_the_same(all_cpu, caplog):
+    from tvm_passes.annotate import annotate_module
+    from tvm_passes.build import deployment_vdevices
+
+    plan = plan_of(MIXED)
+    vdevices = deployment_vdevices(plan, DEVICES, emulate_gpu=True)
+    assert [(str(v.target.kind.name), int(v.vdevice_id)) for v in vdevices] == [("llvm", 0), ("llvm", 1)]
+    with caplog.at_level("DEBUG", logger="tvm_passes.build"):
+        result = build(annotate_module(small_cnn(), plan, DEVICES, vdevices), DEVICES, emulate_gpu=True)
+    stages = [r.getMessage() for r in caplog.records if r.getMessage().startswith("build stage")]
+    assert stages and not any("retarget" in s for s in stages)
+    with caplog.at_level("DEBUG", logger="tvm_passes.build"):
+        caplog.clear()
+        built(MIXED)                                  # annotated for the GPU's own target: re-targeted
+    assert any("retarget" in r.getMessage() for r in caplog.records)
+    np.testing.assert_allclose(result.run(X)[0], numpy_small_cnn(X), rtol=1e-4, atol=1e-4)
+    assert np.abs(result.run(X)[0] - all_cpu.run(X)[0]).max() <= 1e-5
+    with pytest.raises(InvalidPlanError, match="one vdevice per device"):
+        annotate_module(small_cnn(), plan, DEVICES, vdevices[:1])
 
 
 def test_interleaved_plan_really_runs_on_two_devices():
