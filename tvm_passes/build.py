@@ -59,12 +59,16 @@ def _used_vdevices(mod: tvm.IRModule) -> set[tuple]:
 
 # ---------------------------------------------------------------------------------------------- schedules
 def _apply_gpu_schedules(mod: tvm.IRModule, gpu_targets: Sequence[Target]) -> tvm.IRModule:
+    """DLight's GPU rules, after hetpart's rule for kernels whose full inlining would blow up
+    (:mod:`tvm_passes.schedules.gpu_bounded_inline`)."""
     from tvm.s_tir import dlight as dl
+
+    from tvm_passes.schedules.gpu_bounded_inline import BoundedInlineGpuRule
 
     for target in gpu_targets:
         with target:
-            mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                          dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+            mod = dl.ApplyDefaultSchedule(BoundedInlineGpuRule(), dl.gpu.Matmul(), dl.gpu.GEMV(),
+                                          dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
     return mod
 
 

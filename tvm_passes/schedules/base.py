@@ -169,7 +169,7 @@ def _writes_any(block: tirx.stmt.SBlock, buffers: list) -> bool:
     return any(_buffer_of(region).same_as(buffer) for region in block.writes for buffer in buffers)
 
 
-def inline_injective_producers(sch: s_tir.Schedule, keep: set[str], max_growth_nodes: int | None = None) -> None:
+def inline_injective_producers(sch: s_tir.Schedule, keep: set[str], max_growth_nodes: int | None = None) -> set[str]:
     """compute_inline every spatial block not in ``keep`` that can be inlined (padding, transposes, casts).
 
     Blocks that cannot be inlined (e.g. they are outputs, or read non-trivially) are left where they are, and
@@ -180,7 +180,7 @@ def inline_injective_producers(sch: s_tir.Schedule, keep: set[str], max_growth_n
     40 times) grows as k^n: four fused sigmoid/tanh ops made a 20-million-character kernel that took four
     minutes and 2.3 GB to compile, and longer chains exhaust the host's memory.  Materialising costs one
     store and load per element; the duplicated copies were computed once anyway after common-subexpression
-    elimination, so run times stay the same.
+    elimination, so run times stay the same. Returns the names of the blocks kept materialised by the bound.
     """
     if max_growth_nodes is None:
         max_growth_nodes = MAX_INLINE_GROWTH_NODES
@@ -205,6 +205,7 @@ def inline_injective_producers(sch: s_tir.Schedule, keep: set[str], max_growth_n
                 changed = True
             except RuntimeError:
                 continue
+    return too_large
 
 
 def apply_first_rule(func: tirx.PrimFunc, target: Target, rules: list[CpuRule]) -> tirx.PrimFunc | None:
