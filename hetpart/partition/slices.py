@@ -9,7 +9,9 @@ read back from ``node.tags["op_names"]``.
 the ops of RNN node ``l`` (both directions of a bidirectional node) whose iteration step ``t`` has
 ``t // slice_steps == s``; a node's prologue (weight slicing, initial state, a projection hoisted over all steps)
 joins its first slice and its epilogue (stacking the per-step outputs) its last slice. A kernel holding ops of
-several tasks goes to the lowest layer among them, and there to the latest slice. Untagged ops join the latest
+several tasks goes to the lowest layer among them, and there to the latest slice; where that makes the tasks depend
+on each other in a cycle (a stacked LSTM's final states of every layer concatenated in one kernel with the last
+layer's last step), such kernels go to their highest layer instead. Untagged ops join the latest
 task among their producers (ops after the recurrence join the last slice), or, with no tagged producer, the
 earliest task among their consumers (ops before the recurrence join the first slice). The grid's edges are the
 task pairs the graph's edges connect: ``(l-1, s) -> (l, s)`` and ``(l, s-1) -> (l, s)`` for a stacked
@@ -183,9 +185,15 @@ class SliceGrid:
                 "untagged_ops": self.untagged_ops}
 
 
-def _task_of_tags(tags: list[dict[str, Any]], slice_steps: int, last_slice: dict[int, int]) -> tuple[int, int]:
-    """(layer, slice) of an op from its members' tags: the lowest layer, there the latest slice."""
-    layer = min(t["rnn_layer"] for t in tags)
+class _TaskCycleError(SliceGridError):
+    """The tasks depend on each other in a cycle (a kernel's task assignment may be to blame)."""
+
+
+def _task_of_tags(tags: list[dict[str, Any]], slice_steps: int, last_slice: dict[int, int],
+                  highest_layer: bool = False) -> tuple[int, int]:
+    """(layer, slice) of an op from its members' tags: the lowest layer (the highest with ``highest_layer``), there
+    the latest slice."""
+    layer = (max if highest_layer else min)(t["rnn_layer"] for t in tags)
     slices = []
     for t in tags:
         if t["rnn_layer"] != layer:
@@ -213,8 +221,22 @@ def build_slice_grid(graph: OpGraph, slice_steps: int = 1) -> SliceGrid:
         for t in op_tags:
             steps[t["rnn_layer"]] = max(steps.get(t["rnn_layer"], 1), t["rnn_step"] + 1)
     last_slice = {layer: -(-n // slice_steps) - 1 for layer, n in steps.items()}
+    try:
+        return _grid_of_tags(graph, tags, slice_steps, steps, last_slice, highest_layer=False)
+    except _TaskCycleError as lowest:
+        # a kernel fusing the end of several layers (a stacked LSTM's final states concatenated with the last
+        # layer's last step) put in its lowest layer's last slice needs the later layers' slices, which need that
+        # slice: put such kernels in their highest layer instead
+        try:
+            return _grid_of_tags(graph, tags, slice_steps, steps, last_slice, highest_layer=True)
+        except _TaskCycleError:
+            raise lowest from None
+
+
+def _grid_of_tags(graph: OpGraph, tags: list[list[dict[str, Any]]], slice_steps: int, steps: dict[int, int],
+                  last_slice: dict[int, int], *, highest_layer: bool) -> SliceGrid:
     task: list[tuple[int, int] | None] = [
-        _task_of_tags(op_tags, slice_steps, last_slice) if op_tags else None for op_tags in tags]
+        _task_of_tags(op_tags, slice_steps, last_slice, highest_layer) if op_tags else None for op_tags in tags]
     untagged = sum(1 for t in task if t is None)
 
     def key(t: tuple[int, int]) -> tuple[int, int]:
@@ -268,7 +290,7 @@ def _grid(graph: OpGraph, slice_steps: int, steps: dict[int, int], task: list[tu
             if not missing[w]:
                 heapq.heappush(ready, (keys[w][1], pos[keys[w][0]], w))
     if len(order) != len(keys):
-        raise SliceGridError(f"the tasks of {slice_steps}-step slices depend on each other in a cycle (fused kernels "
+        raise _TaskCycleError(f"the tasks of {slice_steps}-step slices depend on each other in a cycle (fused kernels "
                              "spanning slices of different layers); try a larger slice_steps, or another method")
     index = {k: i for i, k in enumerate(order)}
     members: list[list[int]] = [[] for _ in keys]

@@ -147,3 +147,18 @@ def test_zoo_rnn_grids(model, zoo_rnn_graph):
                                       source="analytic")
         for cluster in clusters(Problem(graph, costs, None, "cp_greedy")):
             assert len({steps[v] for v in cluster}) == 1
+
+
+@pytest.mark.tvm
+def test_final_states_of_every_layer_fused_with_the_last_step_still_form_a_grid(zoo_rnn_graph):
+    """A 3-layer LSTM returning every layer's final state (Y_h): one kernel concatenates them with the last layer's
+    last step. In layer 0's last slice it would need layer 2, which needs layer 0's whole output: a cycle."""
+    steps = 4
+    graph = zoo_rnn_graph("lstm_speaker", steps, None)
+    concat = next(n for n in graph.nodes if {t["rnn_layer"] for t in node_rnn_tags(n)} == {0, 1, 2})
+    grid = build_slice_grid(graph, 1)
+    assert grid.layers == (0, 1, 2) and grid.slices == (steps,) * 3
+    task = grid.tasks[grid.task_of[concat.id]]
+    assert (task.layer, task.slice) == (2, steps - 1)
+    cuts = list(grid.cuts())
+    assert (0, 0, 0) in cuts and (steps,) * 3 in cuts and len(cuts) == 3 * steps + 1   # layer splits wait for layers
