@@ -46,10 +46,13 @@ class _KernelTargetBinder(relax.PyExprMutator):
         gv = call.args[0]
         # an unrolled model calls a few PrimFuncs thousands of times: decide once per (kernel, vdevice), since
         # printing targets to compare them costs more than the rest of the visit
-        decision = (gv.name_hint, vdevice_key(vd))
+        key = vdevice_key(vd)
+        decision = (gv.name_hint, key)
         new_gv = self.decided.get(decision)
         if new_gv is None:
             new_gv = self.decided[decision] = self._bound_kernel(gv, vd)
+        if new_gv.same_as(gv) and all(v is not None and vdevice_key(v) == key for v in tensor_vdevices(out_ty)):
+            return call           # already bound: the unchanged call is not rebuilt and re-normalised
         new_out_ty = map_type_vdevices(out_ty, lambda _: vd)
         return relax.Call(call.op, [new_gv] + list(call.args[1:]), call.attrs, [new_out_ty])
 
