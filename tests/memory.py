@@ -44,3 +44,31 @@ def growth_mb(step, warmup: int = 2, repeats: int = 4) -> float:
     for _ in range(repeats):
         step()
     return rss_mb() - before
+
+
+def run_under_address_space_limit(module: str, function: str, limit_bytes: int, timeout_s: float) -> tuple[str, str]:
+    """Run ``module.function()`` in a child Python under an address-space limit: (its stdout, why it failed or "").
+
+    The limit turns a runaway compile into a failed child (MemoryError, std::bad_alloc) instead of an OOM kill of
+    the shared host; the timeout ends one that grows slowly. The child runs from the repository root."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import resource, sys\n"
+            "limit = int(sys.argv[1])\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
+            f"from {module} import {function}\n"
+            f"{function}()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(limit_bytes)], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as timeout:
+        stdout = timeout.stdout.decode() if isinstance(timeout.stdout, bytes) else (timeout.stdout or "")
+        return stdout, f"timed out after {timeout_s} s"
+    failure = "" if done.returncode == 0 else (
+        f"exited {done.returncode} under a {limit_bytes / 1e9:.0f} GB address-space limit:\n{done.stderr[-3000:]}")
+    return done.stdout, failure

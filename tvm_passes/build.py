@@ -41,7 +41,7 @@ from tvm_passes.vdevices import (host_device, make_vdevices, retarget_vdevices, 
                                 vdevice_key, vdevice_order)
 
 __all__ = ["build", "check_cuda_kernels", "compile_cuda_source_with_nvcc", "cuda_available", "cuda_kernel_names",
-           "lift_weight_uploads"]
+           "deployment_vdevices", "lift_weight_uploads"]
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,12 @@ import re
 from collections import Counter
 from typing import Any
 
+import tvm
+from tvm import relax
+
 from hetpart.graph import KernelGroup, OpNode
+from tvm_passes.fusion import fusion_passes
+from tvm_passes.legalize import legalize_ops
 
 __all__ = ["fused_kernel_groups"]
 
@@ -44,9 +49,6 @@ class _Describer:
     object address (``__chandle__``: a dict keyed by the vars themselves compares each hit with ``Var.__eq__``)."""
 
     def __init__(self, known: dict[Any, Any]) -> None:
-        import tvm
-        from tvm import relax
-
         self.known = known
         self.var_types = (relax.Var, relax.DataflowVar)
         self.global_var, self.constant = tvm.ir.GlobalVar, tvm.ir.GenericConst
@@ -90,16 +92,11 @@ def _finish(groups: list[tuple[list[int], str]], ops: list[OpNode]) -> tuple[Ker
 
 
 def _is_call_tir(value, call_tir) -> bool:
-    from tvm import relax
-
     return isinstance(value, relax.Call) and value.op.same_as(call_tir)
 
 
 def _groups_by_dataflow(legal, fused, ops: list[OpNode]) -> list[tuple[list[int], str]] | None:
     """The grouping mapped back by descriptions (module docstring); None where that is not exact."""
-    import tvm
-    from tvm import relax
-
     call_tir = tvm.ir.Op.get("relax.call_tir")
     id_of_name = {n.name: n.id for n in ops}
     op_of_call: dict[Any, int] = {}
@@ -161,9 +158,6 @@ def _rename_kernels_mutator() -> type:
     class made per call closed over the legalized module and leaked it, weights included: 555 MB per VGG-16
     extraction, which killed a three-pass ``hetpart profile`` at 24 GB.
     """
-    import tvm
-    from tvm import relax
-
     call_tir = tvm.ir.Op.get("relax.call_tir")
 
     @relax.expr_functor.mutator
@@ -188,11 +182,6 @@ def _rename_kernels_mutator() -> type:
 
 def _groups_by_private_kernels(legal, ops: list[OpNode]) -> list[tuple[list[int], str]]:
     """The grouping with every op's PrimFunc made private and named after the op first (module docstring)."""
-    import tvm
-    from tvm import relax
-
-    from tvm_passes.fusion import fusion_passes
-
     call_tir = tvm.ir.Op.get("relax.call_tir")
     mutator = _rename_kernels_mutator()(legal, {n.name: n.id for n in ops})
     mutator.builder_.update_func(legal.get_global_var("main"), mutator.visit_expr(legal["main"]))
@@ -227,12 +216,8 @@ def _groups_by_private_kernels(legal, ops: list[OpNode]) -> list[tuple[list[int]
 
 def fused_kernel_groups(mod, ops: list[OpNode], *, by_dataflow: bool = True) -> tuple[KernelGroup, ...]:
     """Which ops TVM's FuseOps puts into one kernel (ops not legalized to a kernel stay single). ``by_dataflow``:
-    try the mapping by names and arguments first (module docstring); False maps through private PrimFuncs only."""
-    import tvm
-
-    from tvm_passes.fusion import fusion_passes
-    from tvm_passes.legalize import legalize_ops
-
+    try the mapping by what each kernel computes first (module docstring); False maps through private PrimFuncs
+    only."""
     legal = legalize_ops()(mod)
     groups = None
     if by_dataflow:

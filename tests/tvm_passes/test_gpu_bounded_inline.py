@@ -7,16 +7,13 @@ exists, compiled; it runs only where a CUDA GPU exists.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 tvm = pytest.importorskip("tvm")
 from tvm import relax, tirx  # noqa: E402
 
+from tests.memory import run_under_address_space_limit  # noqa: E402
 from tvm_passes.schedules import base  # noqa: E402
 from tvm_passes.schedules.gpu_bounded_inline import BoundedInlineGpuRule  # noqa: E402
 
@@ -24,7 +21,6 @@ from .test_schedule_inline_growth import _case, _module  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD_ADDRESS_SPACE_BYTES = 3_000_000_000
 CHILD_TIMEOUT_S = 240
 CUDA = tvm.target.Target({"kind": "cuda", "arch": "sm_75", "max_num_threads": 1024})
@@ -97,18 +93,9 @@ def gpu_chain_reports() -> None:
 
 
 def test_fused_chains_build_for_cuda_in_bounded_memory(nvcc_path):
-    code = ("import resource, sys\n"
-            "limit = int(sys.argv[1])\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
-            "from tests.tvm_passes.test_gpu_bounded_inline import gpu_chain_reports\n"
-            "gpu_chain_reports()\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    try:
-        done = subprocess.run([sys.executable, "-c", code, str(CHILD_ADDRESS_SPACE_BYTES)], cwd=REPO_ROOT, env=env,
-                              capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"building the chains for CUDA took over {CHILD_TIMEOUT_S} s")
-    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"case"')]
-    assert done.returncode == 0 and len(reports) == 2, done.stderr[-3000:]
+    stdout, failure = run_under_address_space_limit("tests.tvm_passes.test_gpu_bounded_inline", "gpu_chain_reports",
+                                                    CHILD_ADDRESS_SPACE_BYTES, CHILD_TIMEOUT_S)
+    reports = [json.loads(line) for line in stdout.splitlines() if line.startswith('{"case"')]
+    assert not failure and len(reports) == 2, failure
     for report in reports:
         assert report["build_s"] < 60 and 0 < report["cuda_chars"] < 2_000_000 and report["fatbin_bytes"] > 0, report

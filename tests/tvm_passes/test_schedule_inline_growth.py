@@ -9,12 +9,8 @@ fails the test instead of taking the machine down. Single activations must still
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,12 +18,12 @@ import pytest
 tvm = pytest.importorskip("tvm")
 from tvm import relax, s_tir, tirx  # noqa: E402
 
+from tests.memory import run_under_address_space_limit  # noqa: E402
 from tvm_passes import tuning_db  # noqa: E402
 from tvm_passes.schedules import base, cpu_pipeline, cpu_schedule_pass, default_cpu_target  # noqa: E402
 
 pytestmark = pytest.mark.tvm
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD_ADDRESS_SPACE_BYTES = 3_000_000_000   # a fixed compile peaks near 1.1 GB of address space
 CHILD_TIMEOUT_S = 180                       # a fixed compile takes a few seconds
 CONV_CHANNELS = 8
@@ -141,28 +137,11 @@ def chain_reports() -> None:
 
 
 def _run_chains_in_child() -> tuple[dict[str, dict], str]:
-    """Reports of :func:`chain_reports` run in one child process under the address-space limit.
-
-    The limit turns a runaway compile into a failed child (MemoryError, std::bad_alloc) instead of an OOM kill
-    of the shared host; the timeout ends one that grows slowly.  One child for all cases: importing TVM takes
-    most of a child's time.  Returns the reports of the cases that finished and why the child failed ("" if not).
-    """
-    code = ("import resource, sys\n"
-            "limit = int(sys.argv[1])\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (limit, limit))\n"
-            "from tests.tvm_passes.test_schedule_inline_growth import chain_reports\n"
-            "chain_reports()\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-    try:
-        result = subprocess.run([sys.executable, "-c", code, str(CHILD_ADDRESS_SPACE_BYTES)], cwd=REPO_ROOT,
-                                env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired as timeout:
-        stdout = timeout.stdout.decode() if isinstance(timeout.stdout, bytes) else (timeout.stdout or "")
-        return _parse_reports(stdout), f"timed out after {CHILD_TIMEOUT_S} s"
-    failure = "" if result.returncode == 0 else (
-        f"exited {result.returncode} under a {CHILD_ADDRESS_SPACE_BYTES / 1e9:.0f} GB address-space limit:\n"
-        f"{result.stderr[-3000:]}")
-    return _parse_reports(result.stdout), failure
+    """Reports of :func:`chain_reports` run in one child process under the address-space limit (one child for all
+    cases: importing TVM takes most of a child's time), and why the child failed ("" if it did not)."""
+    stdout, failure = run_under_address_space_limit("tests.tvm_passes.test_schedule_inline_growth", "chain_reports",
+                                                    CHILD_ADDRESS_SPACE_BYTES, CHILD_TIMEOUT_S)
+    return _parse_reports(stdout), failure
 
 
 def _parse_reports(stdout: str) -> dict[str, dict]:
