@@ -290,8 +290,9 @@ def _grid(graph: OpGraph, slice_steps: int, steps: dict[int, int], task: list[tu
             if not missing[w]:
                 heapq.heappush(ready, (keys[w][1], pos[keys[w][0]], w))
     if len(order) != len(keys):
-        raise _TaskCycleError(f"the tasks of {slice_steps}-step slices depend on each other in a cycle (fused kernels "
-                             "spanning slices of different layers); try a larger slice_steps, or another method")
+        raise _TaskCycleError(f"the tasks of {slice_steps}-step slices depend on each other in a cycle (fused "
+                              "kernels spanning slices of different layers); try a larger slice_steps, or another "
+                              "method")
     index = {k: i for i, k in enumerate(order)}
     members: list[list[int]] = [[] for _ in keys]
     for op, t in enumerate(task):
