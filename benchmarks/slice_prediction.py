@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -102,7 +103,7 @@ def main() -> None:
     (args.out / "slice_prediction.json").write_text(json.dumps(records, indent=1) + "\n")
     lines = [f"# Per-slice CPU prediction on the zoo RNNs ({host_cpu_name()}, {os.environ['TVM_NUM_THREADS']} TVM "
              "threads)", "",
-             f"Command: `python benchmarks/slice_prediction.py {' '.join(os.sys.argv[1:])}`"
+             f"Command: `python benchmarks/slice_prediction.py {' '.join(sys.argv[1:])}`"
              f" ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}). Predictor: `{records[0]['predictor']}`, scaled "
              "to this host by the calibration suite's matrix-vector and gates kernels timed in the same rounds. "
              f"Goal: predicted / measured in {GOAL[0]}-{GOAL[1]}: **{inside} of {len(records)}** slices.", "",
