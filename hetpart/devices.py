@@ -6,6 +6,7 @@ host interface) and is labelled ``source="datasheet"``. Achieved figures are low
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -64,31 +65,49 @@ class DeviceSpec:
 
 @dataclass(frozen=True)
 class Link:
-    """A one-directional copy path: time = latency_us + size_bytes / bandwidth_bytes_per_s * 1e6."""
+    """A one-directional copy path: time = latency_us + size_bytes / bandwidth_bytes_per_s * 1e6.
+
+    Two devices that address the same memory (CPU devices on disjoint cores of one host) are joined by a
+    :func:`shared_memory_link`: infinite bandwidth and no latency, so a tensor crosses it in 0 us (the task runtime
+    hands it over without copying)."""
 
     src: str
     dst: str
     bandwidth_bytes_per_s: float
     latency_us: float
-    source: str = "datasheet"   # "measured" or "datasheet"
+    source: str = "datasheet"   # "measured", "datasheet" or "shared memory"
 
     def validate(self) -> "Link":
-        if self.bandwidth_bytes_per_s <= 0 or self.latency_us < 0:
+        if not self.bandwidth_bytes_per_s > 0 or not 0 <= self.latency_us < math.inf:
             raise InvalidPlanError(
-                f"link {self.src}->{self.dst} needs bandwidth > 0 and latency >= 0; found "
+                f"link {self.src}->{self.dst} needs bandwidth > 0 and a finite latency >= 0; found "
                 f"{self.bandwidth_bytes_per_s} B/s, {self.latency_us} us")
         return self
+
+    @property
+    def shared_memory(self) -> bool:
+        """Whether a tensor crosses this link without a copy."""
+        return self.latency_us == 0 and math.isinf(self.bandwidth_bytes_per_s)
 
     def transfer_us(self, size_bytes: int) -> float:
         return self.latency_us + size_bytes / self.bandwidth_bytes_per_s * 1e6
 
     def to_dict(self) -> dict[str, Any]:
-        return {"src": self.src, "dst": self.dst, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+        bandwidth = None if math.isinf(self.bandwidth_bytes_per_s) else self.bandwidth_bytes_per_s   # JSON has no inf
+        return {"src": self.src, "dst": self.dst, "bandwidth_bytes_per_s": bandwidth,
                 "latency_us": self.latency_us, "source": self.source}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Link":
-        return cls(**data).validate()
+        fields = dict(data)
+        if fields.get("bandwidth_bytes_per_s", 0) is None:
+            fields["bandwidth_bytes_per_s"] = math.inf
+        return cls(**fields).validate()
+
+
+def shared_memory_link(src: str, dst: str) -> Link:
+    """The link between two devices that address the same memory: a tensor crosses it in 0 us."""
+    return Link(src, dst, math.inf, 0.0, "shared memory")
 
 
 @dataclass(frozen=True)

@@ -8,22 +8,18 @@ Grammar (comma-separated, the host CPU first)::
     gpu / gpu=<preset>       one GPU, costed from a datasheet preset (default p2200)
 
 Several CPU devices need disjoint explicit cores. Their costs come from the CPU predictor at the device's thread
-count (one thread per core), and the copy between two of them is a ``copyto`` from one TVM CPU device to another,
-timed here once per process (:func:`measured_cpu_link`).
+count (one thread per core). They address the same memory, so a tensor passes from one to another without a copy
+(a :func:`hetpart.devices.shared_memory_link`; the task runtime hands the producer's tensor to the consumer).
 """
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hetpart.devices import (DEFAULT_GPU_PRESET, DeviceSet, DeviceSpec, Link, cpu_device, gpu_from_preset,
-                              preset_links)
+                              preset_links, shared_memory_link)
 from hetpart.errors import UnknownDeviceError
 from hetpart.threads import PROCESS_CORES
-
-log = logging.getLogger(__name__)
 
 DEFAULT_DEVICES = "cpu,gpu"
 
@@ -104,7 +100,7 @@ def parse_devices(spec: str | Sequence[str]) -> DeviceChoice:
     for a in cpus:
         for b in cpus:
             if a.name != b.name:
-                links.append(measured_cpu_link(a.name, b.name))
+                links.append(shared_memory_link(a.name, b.name))
     preset = None
     for item in other:
         name, _, value = item.partition("=")
@@ -119,40 +115,3 @@ def parse_devices(spec: str | Sequence[str]) -> DeviceChoice:
         for cpu in cpus:
             links.extend(preset_links(preset, cpu=cpu.name))
     return DeviceChoice(DeviceSet(tuple(devices), tuple(links)).validate(), preset)
-
-
-_CPU_LINK: tuple[float, float] | None = None     # (latency_us, bandwidth_bytes_per_s), timed once per process
-
-
-def measured_cpu_link(src: str, dst: str) -> Link:
-    """The copy between two CPU devices as the task runtime makes it (``tensor.copyto(tvm.cpu(1))``: an allocation
-    and a memcpy), timed here: latency from a 4 KiB tensor, bandwidth from a 16 MiB one (median of 5 each)."""
-    global _CPU_LINK
-    if _CPU_LINK is None:
-        _CPU_LINK = _time_cpu_copy()
-        log.info("CPU-to-CPU copy timed here: %.1f us + %.2f GB/s", _CPU_LINK[0], _CPU_LINK[1] / 1e9)
-    latency_us, bandwidth = _CPU_LINK
-    return Link(src, dst, bandwidth, latency_us, "measured")
-
-
-def _time_cpu_copy() -> tuple[float, float]:
-    from hetpart.threads import ensure_tvm_threads
-
-    ensure_tvm_threads()
-    import numpy as np
-    import tvm
-
-    def median_us(n_floats: int) -> float:
-        source = tvm.runtime.tensor(np.ones(n_floats, dtype="float32"), tvm.cpu(0))
-        source.copyto(tvm.cpu(1))
-        times = []
-        for _ in range(5):
-            start = time.perf_counter()
-            source.copyto(tvm.cpu(1))
-            times.append((time.perf_counter() - start) * 1e6)
-        return float(np.median(times))
-
-    small_floats, large_floats = 1024, 4 * 1024 * 1024
-    small_us, large_us = median_us(small_floats), median_us(large_floats)
-    bandwidth = (large_floats - small_floats) * 4 / max(large_us - small_us, 1e-3) * 1e6
-    return small_us, bandwidth

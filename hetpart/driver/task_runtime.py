@@ -11,12 +11,14 @@ What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model
   (layer, slice) task, ``hetpart.driver.task_segments``); every segment is one Relax function of ONE executable
   (``tvm_passes.segment_build``; GPU segments compiled for CUDA form a second one);
 - one worker thread per device owns its own ``relax.VirtualMachine`` (created in that thread: a VM must never be
-  called from two threads; the Executable is shared). Without CUDA the GPU is emulated by ``tvm.cpu(1)``; with
+  called from two threads; the Executable is shared). CPU devices (``--devices cpu:0,cpu:1``: core groups of one
+  host) all run on ``tvm.cpu(0)``: they address the same memory, so a tensor passes between them without a copy.
+  Without CUDA the GPU is emulated by ``tvm.cpu(1)``, a device of its own, so its copies are made; with
   CUDA the GPU worker runs on its own stream and synchronises it at the end of every segment, so consumers on
   other devices copy finished tensors (a host-side wait standing in for a CUDA event);
 - a segment becomes ready when every segment it reads has ended; the worker of its device copies each tensor
-  produced on another device (and each model input, which arrives on the host) to its device with ``copyto``,
-  once per (tensor, destination device) and request, then calls the segment function;
+  produced on another device's memory (and each model input, which arrives on the host) to its device with
+  ``copyto``, once per (tensor, destination device) and request, then calls the segment function;
 - a free worker takes its ready segment with the lowest (request index, segment id);
 - an exception in a segment (or a bad input) fails only that request's future; the runtime keeps serving;
 - ``threads_per_device`` gives each worker its own TVM pool size (``runtime.config_threadpool`` in that thread;
@@ -25,7 +27,7 @@ What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model
 - ``trace=True`` records every segment run (a :class:`SegmentRun`: request, segment, device, start and end time,
   and the part of it spent copying inputs) in ``self.trace``.
 
-Copies are made by the destination worker right before the segment runs (on two CPU devices a memcpy on the
+Copies are made by the destination worker right before the segment runs (with the GPU emulated, a memcpy on the
 consumer's thread), and a request's outputs are read back by the worker that ends it: the runtime model
 ``RuntimeModel(copies="consumer")`` of ``hetpart.simulate_requests``.
 """
@@ -87,6 +89,7 @@ class _Worker:
     cores: tuple[int, ...]                                        # the worker's pool is pinned there (empty: any)
     affinity: tuple[int, ...] = ()                                # the cores its thread may run on, once started
     stream: Any = None                                            # a CUDA worker's stream
+    copies: int = 0                                               # tensors it copied to its device
     heap: list[tuple[int, int]] = field(default_factory=list)     # (request index, segment id)
     thread: threading.Thread | None = None
     ready: threading.Event = field(default_factory=threading.Event)
@@ -126,13 +129,18 @@ class TaskRuntime:
         if getattr(build, "gpu_executable", None) is not None:      # GPU segments compiled for CUDA
             kinds = {d["name"]: d["kind"] for d in recorded}
             self._cuda_names = {n for n in names if n != self.host and kinds.get(n, "gpu") == "gpu"}
-        if runtime_devices is None:   # CPUs on cpu(0), cpu(1)...; a GPU on cuda(k), or emulated on the next cpu(i)
-            cpu_names = [n for n in names if n not in self._cuda_names]
-            runtime_devices = {name: tvm.cpu(k) for k, name in enumerate(cpu_names)}
+        if runtime_devices is None:   # CPUs share cpu(0); a GPU on cuda(k), or emulated on the next cpu(i)
+            kinds = {d["name"]: d.get("kind", "cpu") for d in recorded}
+            cpu_names = [n for n in names if n not in self._cuda_names          # unrecorded: the host only
+                         and kinds.get(n, "cpu" if n == self.host else "gpu") == "cpu"]
+            emulated = [n for n in names if n not in self._cuda_names and n not in cpu_names]
+            runtime_devices = {name: tvm.cpu(0) for name in cpu_names}
+            runtime_devices.update({name: tvm.cpu(k) for k, name in enumerate(emulated, start=1)})
             runtime_devices.update({name: tvm.cuda(k) for k, name in enumerate(sorted(self._cuda_names))})
         unknown = [n for n in names if n not in runtime_devices]
         if unknown:
             raise InvalidPlanError(f"segments run on devices {unknown} that runtime_devices does not map")
+        self._memory_of = {name: (int(dev.dlpack_device_type()), int(dev.index)) for name, dev in runtime_devices.items()}
         cores = {str(d["name"]): tuple(int(c) for c in d.get("cores", ())) for d in recorded}
         threads = {name: len(c) for name, c in cores.items() if c}
         threads.update(threads_per_device or {})
@@ -221,6 +229,16 @@ class TaskRuntime:
     def worker_cores(self) -> dict[str, tuple[int, ...]]:
         """The cores each device's worker thread may run on (as the OS reports them once it started)."""
         return {name: w.affinity for name, w in self._workers.items()}
+
+    @property
+    def runtime_devices(self) -> dict[str, Any]:
+        """The TVM device each worker runs on (CPU devices share ``cpu(0)``: nothing is copied between them)."""
+        return {name: w.runtime_device for name, w in self._workers.items()}
+
+    @property
+    def copies_made(self) -> int:
+        """Tensors copied between devices so far (one per tensor, destination and request; none between CPUs)."""
+        return sum(w.copies for w in self._workers.values())
 
     @property
     def input_specs(self) -> tuple[Mapping[str, Any], ...]:
@@ -357,11 +375,12 @@ class TaskRuntime:
             self._segment_done(request, segment)
 
     def _operand(self, request: _Request, key: Any, value: Any, source: str, worker: _Worker) -> Any:
-        if source == worker.device:
-            return value
+        if source == worker.device or self._memory_of[source] == self._memory_of[worker.device]:
+            return value                              # CPU devices address the same memory: no copy
         cached = request.copies.get((key, worker.device))   # only this worker writes copies to its device
         if cached is None:
             cached = request.copies[(key, worker.device)] = _copy(value, worker.runtime_device)
+            worker.copies += 1
         return cached
 
     def _run_segment(self, request: _Request, segment: int, worker: _Worker, call: Any) -> float:

@@ -8,7 +8,7 @@ import pytest
 
 from hetpart.costs import CostTable
 from hetpart.devices import (GPU_PRESETS, DeviceSet, DeviceSpec, Link, cpu_device, gpu_from_preset,
-                             preset_links)
+                             preset_links, shared_memory_link)
 from hetpart.errors import (InvalidCostTableError, InvalidPlanError, MissingCostError, PinError, SchemaError,
                             UnknownDeviceError)
 from hetpart.plan import Event, Plan, Timeline, resolve_pins
@@ -38,6 +38,18 @@ def test_link_transfer_time_is_latency_plus_bytes_over_bandwidth():
     assert link.transfer_us(4_000_000) == pytest.approx(10.0 + 2000.0)
     with pytest.raises(InvalidPlanError, match="bandwidth > 0"):
         Link("cpu", "gpu", 0.0, 1.0).validate()
+    with pytest.raises(InvalidPlanError, match="finite latency"):
+        Link("cpu", "gpu", 1e9, float("inf")).validate()
+    assert not link.shared_memory
+
+
+def test_a_shared_memory_link_moves_any_tensor_in_no_time_and_round_trips_through_strict_json():
+    link = shared_memory_link("cpu0", "cpu1")
+    assert link.shared_memory and link.transfer_us(0) == 0 and link.transfer_us(1 << 30) == 0
+    devices = DeviceSet((cpu_device(name="cpu0", cores=(0,)), cpu_device(name="cpu1", cores=(1,))),
+                        (link, shared_memory_link("cpu1", "cpu0"))).validate()
+    text = json.dumps(devices.to_dict(), allow_nan=False)          # no Infinity in the file
+    assert DeviceSet.from_dict(json.loads(text)) == devices
 
 
 def test_device_set_validation():

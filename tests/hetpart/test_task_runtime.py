@@ -70,6 +70,8 @@ def test_matches_sequential_and_onnxruntime(compiled, runtime, in_flight):
     session = ort.InferenceSession(compiled.source["onnx_path"], providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     assert len(outputs) == 8 and len(latency_us) == 8 and all(t > 0 for t in latency_us)
+    # the emulated GPU is a device of its own (cpu(1)): its inputs and outputs are copied
+    assert str(runtime.runtime_devices["gpu"]) == "cpu:1" and runtime.copies_made > 0
     for x, ours in zip(xs, outputs):
         sequential = compiled(x)
         reference = session.run(None, {name: x})

@@ -54,7 +54,9 @@ def test_two_cpu_devices_compile_and_run_pinned(compiled):
     assert "## Task runtime (many requests)" in report and re.search(r"[Ss]imulator(.s)? error", report)
     assert len(runs) == 16 * len(compiled.segments.program.functions)
     assert all(run.end_s - run.start_s >= run.copy_s >= 0 for run in runs)
-    assert any(run.copy_s > 0 for run in runs)      # the plan crosses devices: some segment copied an input
+    # the plan crosses devices, but CPU devices share memory: every tensor was handed over, none copied
+    assert rt.copies_made == 0 and set(map(str, rt.runtime_devices.values())) == {"cpu:0"}
+    assert compiled.costs.devices.link("cpu0", "cpu1").transfer_us(1 << 20) == 0
 
 
 # ------------------------------------------------------------------------------ random pinned plans
