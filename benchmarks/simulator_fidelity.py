@@ -14,7 +14,10 @@ Per model, in one process:
    request (the sum of the segment runs in the runtime's trace);
 4. predicted: ``simulate_requests`` with 1 and ``--requests`` requests: the makespan and the period;
 5. baselines, measured in the same run with the sequential executable of the all-CPU plan: one device with one
-   core (the calling thread's TVM pool restricted to core A) and one device with two threads (the default pool).
+   core (the calling thread's TVM pool restricted to core A) and one device with two threads (the default pool);
+6. the host's speed now (:class:`HostSpeedNow`, skipped with ``--no-host-speed``): the calibration suite timed
+   again on core A, against the cached timing the compile's costs were scaled by; the simulation is repeated with
+   the costs multiplied by that drift ("predicted at the host speed now").
 
 Records go to ``simulator_fidelity.json`` (one per case with ``predicted_us``, ``measured_us``, ``rel_error`` =
 predicted / measured - 1), a table to ``README.md``, and the summary the report shows for CPU-core device sets to
@@ -57,6 +60,54 @@ def median_latency_us(call, args, min_calls: int, min_seconds: float) -> float:
         call(*args)
         times.append((time.perf_counter() - t0) * 1e6)
     return statistics.median(times)
+
+
+class HostSpeedNow:
+    """The host calibration suite timed now, on one pinned core, against the timing the compile's calibration used.
+
+    The compile scales the CPU predictor by a calibration suite timed once and cached. This host's speed drifts by
+    a third over hours with nothing else running (the profiler's canary: 450 -> 630 us), so costs scaled by a
+    calibration timed in a fast hour under-predict a run made in a slow one. ``drift`` = (suite now / predictor)
+    over (cached suite / predictor), geometric means: what the compile's costs must be multiplied by to price this
+    hour, measured in the same run as the runtime (the brief's ratios-in-one-run rule)."""
+
+    def __init__(self, core: int) -> None:
+        from predictors.host_calibration import CALIBRATION_SUITE
+        from predictors.profiling.calibration_sweep import suite_workloads
+        from predictors.profiling.model_timing import BestWindowProfiler
+
+        self.core = core
+        self.profiler = BestWindowProfiler("cpu", windows=2)
+        self.workloads = suite_workloads(CALIBRATION_SUITE, self.profiler)
+
+    def drift(self) -> dict:
+        from hetpart.graph import OpNode
+        from predictors.device_predictor import DevicePredictor
+        from predictors.host_calibration import CalibrationKernel, suite_speed_ratio, time_suite
+        from predictors.registry import default_cpu_predictor_path, host_cpu_name
+        from tvm_passes.thread_pool import restricted_pool
+
+        base_path = default_cpu_predictor_path(threads=1)
+        base = DevicePredictor.load(base_path)
+        cached = time_suite(host_cpu_name(), 1)        # what the compile read (a cached, clean sweep)
+        if not cached.kernels:
+            raise SystemExit(f"no cached calibration suite at one thread on this host ({'; '.join(cached.judgement.reasons)}); "
+                             "compile once with --devices cpu:A,cpu:B on a quiet host first")
+        with restricted_pool(1, (self.core,)):
+            now = [CalibrationKernel(name, OpNode.from_dict(w.features), float(self.profiler.measure(w).median_us))
+                   for name, w in self.workloads]
+        ratio_now, _ = suite_speed_ratio(base, now)
+        ratio_cached, _ = suite_speed_ratio(base, cached.kernels)
+        return {"predictor": base_path.name, "suite_ratio_now": ratio_now, "suite_ratio_cached": ratio_cached,
+                "cached_measured_at": cached.measured_at, "drift": ratio_now / ratio_cached}
+
+
+def scaled_costs(costs, factor: float, graph):
+    """``costs`` with every latency multiplied by ``factor`` (all devices are CPU core groups here)."""
+    from hetpart.costs import CostTable
+
+    return CostTable.from_arrays(np.array(costs.latency_us, dtype=np.float64) * factor, costs.devices,
+                                 supported=costs.supported, source="predicted", graph=graph)
 
 
 def measure_tasks(rt, args, requests: int, rounds: int, min_calls: int, min_seconds: float) -> dict:
@@ -102,7 +153,8 @@ def costs_from_measured_segments(compiled, segment_us: dict) -> object:
                                  graph=compiled.graph)
 
 
-def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args) -> tuple[list[dict], dict]:
+def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args,
+              speed: HostSpeedNow | None = None) -> tuple[list[dict], dict]:
     import hetpart
     from hetpart.driver.runtime_overhead import measure_dispatch_overhead
     from hetpart.driver.task_runtime import TaskRuntime
@@ -131,6 +183,12 @@ def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args) -
     one_m = simulate_requests(compiled.graph, measured_costs, compiled.plan, n_requests=1, runtime=runtime_model)
     many_m = simulate_requests(compiled.graph, measured_costs, compiled.plan, n_requests=args.requests,
                                runtime=runtime_model)
+    host = speed.drift() if speed is not None else None
+    if host is not None:
+        now_costs = scaled_costs(compiled.costs, host["drift"], compiled.graph)
+        one_n = simulate_requests(compiled.graph, now_costs, compiled.plan, n_requests=1, runtime=runtime_model)
+        many_n = simulate_requests(compiled.graph, now_costs, compiled.plan, n_requests=args.requests,
+                                   runtime=runtime_model)
     kernel_predicted_us = float(sum(compiled.costs.latency(k, compiled.plan.device_of[k])
                                     for k in range(compiled.graph.num_ops)))
     segments = len(compiled.segments.program.functions)
@@ -138,12 +196,18 @@ def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args) -
               "segments": segments, "overhead_per_segment_us": overhead.overhead_us,
               "kernels_on": {d: compiled.plan.device_of.count(d) for d in compiled.costs.device_names}}
     records = []
-    for metric, predicted, from_segments, got in (
-            ("one_request", one.makespan_us, one_m.makespan_us, measured["one_request_us"]),
-            (f"period_{args.requests}", many.period_us, many_m.period_us, measured["period_us"])):
-        records.append({**common, "metric": metric, "predicted_us": predicted, "measured_us": got,
-                        "rel_error": predicted / got - 1.0, "predicted_from_measured_segments_us": from_segments,
-                        "runtime_model_rel_error": from_segments / got - 1.0})
+    for metric, predicted, from_segments, got, at_now in (
+            ("one_request", one.makespan_us, one_m.makespan_us, measured["one_request_us"],
+             one_n.makespan_us if host else None),
+            (f"period_{args.requests}", many.period_us, many_m.period_us, measured["period_us"],
+             many_n.period_us if host else None)):
+        record = {**common, "metric": metric, "predicted_us": predicted, "measured_us": got,
+                  "rel_error": predicted / got - 1.0, "predicted_from_measured_segments_us": from_segments,
+                  "runtime_model_rel_error": from_segments / got - 1.0}
+        if host is not None:
+            record.update({"predicted_at_host_speed_now_us": at_now, "host_speed_now_rel_error": at_now / got - 1.0,
+                           "host_speed_drift": host["drift"]})
+        records.append(record)
     extra = {"model": name, "one_core_us": one_core_us, "two_threads_us": two_threads_us,
              "sequential_same_plan_us": same_plan_sequential_us,
              "tasks_minus_sequential_per_segment_us":
@@ -155,17 +219,22 @@ def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args) -
              "speedup_one_request_vs_one_core": one_core_us / measured["one_request_us"],
              "throughput_vs_one_core": one_core_us / measured["period_us"],
              "throughput_vs_two_threads": two_threads_us / measured["period_us"],
-             "compile_s": compile_s, "cost_notes": compiled.source.get("cost_notes", [])}
+             "compile_s": compile_s, "cost_notes": compiled.source.get("cost_notes", []), "host_speed": host}
     log.info("%s: %s", name, json.dumps({**records[0], **extra}, default=str)[:400])
     return records, extra
 
 
 def table(records: list[dict], extras: list[dict], requests: int) -> list[str]:
-    lines = ["| model | kind | segments | metric | measured (µs) | predicted (µs) | error | predicted from measured "
-             "segments (µs) | error |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    now = all("host_speed_now_rel_error" in r for r in records)
+    lines = ["| model | kind | segments | metric | measured (µs) | predicted (µs) | error | "
+             + ("host speed now | predicted at it (µs) | error | " if now else "")
+             + "predicted from measured segments (µs) | error |",
+             "|---|---|---:|---|---:|---:|---:|" + ("---:|---:|---:|" if now else "") + "---:|---:|"]
     for r in records:
+        at_now = (f"x{r['host_speed_drift']:.2f} | {r['predicted_at_host_speed_now_us']:,.0f} | "
+                  f"{r['host_speed_now_rel_error']:+.1%} | ") if now else ""
         lines.append(f"| {r['model']} | {r['kind']} | {r['segments']} | {r['metric']} | {r['measured_us']:,.0f} | "
-                     f"{r['predicted_us']:,.0f} | {r['rel_error']:+.1%} | "
+                     f"{r['predicted_us']:,.0f} | {r['rel_error']:+.1%} | {at_now}"
                      f"{r['predicted_from_measured_segments_us']:,.0f} | {r['runtime_model_rel_error']:+.1%} |")
     lines += ["", "| model | 1 core, sequential (µs) | 2 threads, sequential (µs) | same plan, sequential (µs) | "
               f"tasks, 1 request (µs) | tasks, period of {requests} (µs) | 1 request vs 1 core | "
@@ -191,8 +260,10 @@ def main() -> None:
     parser.add_argument("--min-calls", type=int, default=10)
     parser.add_argument("--min-seconds", type=float, default=2.0)
     parser.add_argument("--size", type=int, default=None, help="model size option (zoo default when omitted)")
+    parser.add_argument("--no-host-speed", action="store_true",
+                        help="skip timing the calibration suite per model (the 'host speed now' columns)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/simulator_fidelity"))
-    parser.add_argument("--summary", type=Path, default=Path("hetpart/driver/data/simulator_fidelity.json"),
+    parser.add_argument("--summary", default="hetpart/driver/data/simulator_fidelity.json",
                         help="where the report's summary goes ('' to skip)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -203,20 +274,27 @@ def main() -> None:
         raise SystemExit("two one-core CPU devices need a process allowed on two cores")
     spec = f"cpu:{cores[0]},cpu:{cores[1]}"
     records, extras = [], []
+    speed = None if args.no_host_speed else HostSpeedNow(cores[0])
     for name in [m for m in args.models.split(",") if m]:
-        got, extra = run_model(name, spec, cores, args.method, args)
+        got, extra = run_model(name, spec, cores, args.method, args, speed)
         records += got
         extras.append(extra)
     errors = [abs(r["rel_error"]) for r in records]
     model_errors = [abs(r["runtime_model_rel_error"]) for r in records]
     command = ("python benchmarks/simulator_fidelity.py --models " + args.models + f" --method {args.method} "
-               f"--requests {args.requests} --rounds {args.rounds}" + (f" --size {args.size}" if args.size else ""))
+               f"--requests {args.requests} --rounds {args.rounds}" + (f" --size {args.size}" if args.size else "")
+               + (" --no-host-speed" if args.no_host_speed else ""))
     summary = {"config": "cpu-core-devices", "devices": "two CPU devices, one core each", "host_cpu": host_cpu_label(),
                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": len(records),
                "median_abs_rel_error": statistics.median(errors), "worst_abs_rel_error": max(errors),
                "runtime_model_median_abs_rel_error": statistics.median(model_errors),
                "runtime_model_worst_abs_rel_error": max(model_errors),
                "command": command}
+    if speed is not None:
+        now_errors = [abs(r["host_speed_now_rel_error"]) for r in records]
+        summary.update({"host_speed_now_median_abs_rel_error": statistics.median(now_errors),
+                        "host_speed_now_worst_abs_rel_error": max(now_errors),
+                        "host_speed_drift": [e["host_speed"]["drift"] for e in extras]})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out.parent / "simulator_fidelity.json").write_text(json.dumps(
         {"summary": summary, "records": records, "measurements": extras,
@@ -228,14 +306,21 @@ def main() -> None:
              f"worst **{summary['worst_abs_rel_error']:.1%}**; with each segment's measured time (the runtime model "
              f"alone): median **{summary['runtime_model_median_abs_rel_error']:.1%}**, worst "
              f"**{summary['runtime_model_worst_abs_rel_error']:.1%}** (goal: median <= 10%, worst <= 20%).", ""]
+    if speed is not None:
+        drift = summary["host_speed_drift"]
+        lines += [f"With the predicted costs re-scaled to the host's speed in the same run (the calibration suite timed "
+                  f"again before each model's predictions; x{min(drift):.2f}-x{max(drift):.2f} against the cached "
+                  f"calibration the compile used, timed {extras[0]['host_speed']['cached_measured_at']}): median "
+                  f"**{summary['host_speed_now_median_abs_rel_error']:.1%}**, worst "
+                  f"**{summary['host_speed_now_worst_abs_rel_error']:.1%}**.", ""]
     lines += table(records, extras, args.requests)
     lines += ["", "error = predicted / measured - 1. 'kernels predicted / measured' compares the predicted kernel "
               "time of one request with the time the runtime spent inside segment calls (its trace): the part of "
               "the error that comes from the cost predictions rather than from the runtime model."]
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
-    if str(args.summary):
-        args.summary.parent.mkdir(parents=True, exist_ok=True)
-        args.summary.write_text(json.dumps(summary, indent=1) + "\n")
+    if args.summary:
+        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.summary).write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines))
 
 
