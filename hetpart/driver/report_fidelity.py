@@ -58,12 +58,23 @@ def fidelity_note(devices: DeviceSet, path: Path = FIDELITY_FILE) -> str:
                 f"costs median {summary['median_abs_rel_error']:.0%}, worst {summary['worst_abs_rel_error']:.0%}; "
                 f"given each segment's measured time (the runtime model alone) median "
                 f"{summary['runtime_model_median_abs_rel_error']:.0%}, worst "
-                f"{summary['runtime_model_worst_abs_rel_error']:.0%}.")
+                f"{summary['runtime_model_worst_abs_rel_error']:.0%}" + _drift_clause(summary) + ".")
     if any(d.kind == "gpu" for d in devices.devices):
         return ("The simulator's error is not measured for device sets with a GPU (no CUDA GPU was available to "
                 "run them); for two one-core CPU devices it is, see benchmarks/results/simulator_fidelity.")
     return ("The simulator's error is measured for several CPU devices on their own cores (e.g. --devices "
             "cpu:0,cpu:1); see benchmarks/results/simulator_fidelity.")
+
+
+def _drift_clause(summary: Mapping[str, Any]) -> str:
+    """How much of the predicted-cost error was the host's speed drifting since its calibration, when measured."""
+    if "host_speed_now_median_abs_rel_error" not in summary:
+        return ""
+    drift = summary.get("host_speed_drift") or [1.0]
+    return (f"; with the costs re-scaled to the host's speed at the time of the run (it had drifted "
+            f"x{min(drift):.2f}-x{max(drift):.2f} since the cached calibration) median "
+            f"{summary['host_speed_now_median_abs_rel_error']:.0%}, worst "
+            f"{summary['host_speed_now_worst_abs_rel_error']:.0%}")
 
 
 def task_runtime_section(devices: DeviceSet, prediction: Mapping[str, Any] | None) -> list[str]:
