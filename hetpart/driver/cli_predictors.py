@@ -53,7 +53,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 0
     summary = profile_zoo(db, budget_s, profiler, variants,
                           synthetic=not args.no_synthetic, max_synthetic=args.max_synthetic,
-                          retest_count=args.retests, progress=_progress_logger())
+                          retest_count=args.retests, progress=_progress_logger(),
+                          wait_when_slow_s=args.wait_when_slow_minutes * 60.0)
     log.info("profile summary: %s", json.dumps(summary.__dict__))
     if summary.stopped_contended:
         log.error("profiling stopped early: the machine stayed slower than this database's reference (see the warning "
@@ -133,6 +134,9 @@ def register(subparsers: Any) -> None:
                         "and 8 variations of weight-heavy convs, the variations of convs with a residual add and "
                         "of softmaxes come on top)")
     p.add_argument("--retests", type=int, default=40, help="kernels to measure twice (noise floor)")
+    p.add_argument("--wait-when-slow-minutes", type=float, default=0.0,
+                   help="when the machine turns slower than the database's reference, wait up to this long in all "
+                        "for it to come back (the canary is timed every 30 s) instead of stopping at once (exit 3)")
     p.add_argument("--refine", action="store_true", help="only time the stored kernels (zoo and synthetic) and "
                    "models again, --passes times, keeping the lower (canary-normalised) median: contention only adds "
                    "time. It refuses to start when the host runs faster than the database's reference")

@@ -227,6 +227,17 @@ class KernelProfiler:
         self._canary_history.extend(values)
         return min(values)
 
+    def canary_now_us(self) -> float:
+        """Time the canary now WITHOUT adding it to the session's history: polling whether a slow spell of the
+        machine ended must not drag the reference (a lower quartile of the history) up with it."""
+        kernel = self.compile(self._canary)
+        return float(min(self.time_kernel(kernel), key=lambda s: s.spread).median_us)
+
+    @property
+    def canary_limit_us(self) -> float:
+        """The slowest canary a clean window may have: the reference plus the contention tolerance."""
+        return (1 + self.protocol.contention_tolerance) * self.canary_reference_us
+
     def contention_of(self, m: Measurement) -> str:
         """Why ``m``'s window now counts as contended under the current reference ('' if it does not)."""
         if m.canary_us is None or not self._canary_history:

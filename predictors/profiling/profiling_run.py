@@ -41,6 +41,7 @@ class ProfileRunSummary:
     statuses: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STATUSES})
     elapsed_s: float = 0.0
     stopped_contended: bool = False   # stopped early: every recent window was contended (see profile_workloads)
+    waited_s: float = 0.0             # spent waiting for a slow spell of the machine to end (wait_when_slow_s)
 
 
 ProgressCallback = Callable[[int, int, str, str], None]   # (done, total, kernel name, status)
@@ -49,7 +50,8 @@ ProgressCallback = Callable[[int, int, str, str], None]   # (done, total, kernel
 def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: Profiler, budget_s: float,
                       progress: ProgressCallback | None = None, stale_after_s: float = 3600.0,
                       prepare_chunk: int = 16, retry: Sequence[str] = (),
-                      noisy_passes: int = 1, stop_after_contended: int = 12) -> ProfileRunSummary:
+                      noisy_passes: int = 1, stop_after_contended: int = 12, wait_when_slow_s: float = 0.0,
+                      poll_s: float = 30.0) -> ProfileRunSummary:
     """Measure every workload not yet in ``store`` until ``budget_s`` runs out; commit each row as it finishes.
 
     Workloads need ``key_hash`` and ``name``. Workloads already measured (same key, device, target, TVM version)
@@ -66,6 +68,10 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
     (the profiler's canary stayed above the database's reference), the machine is slower or busier than when the
     database was profiled: the run warns once and stops (``stopped_contended``) instead of spending its budget on
     rejections. 0 never stops.
+    ``wait_when_slow_s``: before stopping so, wait up to this long in all (within the budget) for the machine to
+    come back: the canary is timed every ``poll_s`` seconds, outside the session's history, and once it runs within
+    the reference's tolerance again the run goes on (the rejected workloads are retried with the noisy ones). This
+    needs a profiler with ``canary_now_us()`` and ``canary_limit_us``; without them the run stops as before.
     """
     if not set(retry) <= {"rejected_noisy", "failed"}:
         raise ValueError(f"retry may name 'rejected_noisy' and 'failed' only; found {list(retry)}")
@@ -120,6 +126,13 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
         else:
             contended_run.clear()
         if stop_after_contended and len(contended_run) >= stop_after_contended:
+            wait_s = min(wait_when_slow_s - summary.waited_s, budget_s - (time.monotonic() - start))
+            waited_from = time.monotonic()
+            back = _wait_for_reference_speed(profiler, wait_s, poll_s)
+            summary.waited_s += time.monotonic() - waited_from
+            if back:
+                contended_run.clear()
+                continue
             _warn_contended(contended_run, profiler)
             summary.stopped_contended = True
             summary.not_started = len(pending) - index - 1
@@ -136,7 +149,10 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
     if noisy and noisy_passes > 0 and remaining_s > 0 and summary.not_started == 0 and not summary.stopped_contended:
         logger.info("re-measuring %d workloads rejected as noisy", len(noisy))
         again = profile_workloads(store, noisy, profiler, remaining_s, progress, stale_after_s, prepare_chunk,
-                                  retry=("rejected_noisy",), noisy_passes=noisy_passes - 1)
+                                  retry=("rejected_noisy",), noisy_passes=noisy_passes - 1,
+                                  stop_after_contended=stop_after_contended,
+                                  wait_when_slow_s=max(0.0, wait_when_slow_s - summary.waited_s), poll_s=poll_s)
+        summary.waited_s += again.waited_s
         summary.not_started += again.not_started
         for status, count in again.statuses.items():   # the retried rows replace this call's rejections
             summary.statuses[status] += count
@@ -144,6 +160,29 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
         summary.stopped_contended = again.stopped_contended
     summary.elapsed_s = time.monotonic() - start
     return summary
+
+
+_sleep = time.sleep      # tests replace it
+
+
+def _wait_for_reference_speed(profiler: Any, wait_s: float, poll_s: float) -> bool:
+    """Poll the profiler's canary until it runs within the reference's tolerance (True) or ``wait_s`` is spent."""
+    canary_now = getattr(profiler, "canary_now_us", None)
+    if canary_now is None or wait_s <= 0:
+        return False
+    limit_us = float(profiler.canary_limit_us)
+    deadline = time.monotonic() + wait_s
+    while True:
+        now_us = float(canary_now())
+        if now_us <= limit_us:
+            logger.info("the canary runs at %.1f us again (limit %.1f us): profiling goes on", now_us, limit_us)
+            return True
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            return False
+        logger.info("the canary runs at %.1f us, above the %.1f us a clean window allows: waiting for the machine "
+                    "(%.0f s of waiting left)", now_us, limit_us, left_s)
+        _sleep(min(poll_s, left_s))
 
 
 def _warn_contended(rows: Sequence[Measurement], profiler: Profiler) -> None:

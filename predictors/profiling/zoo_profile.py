@@ -77,6 +77,7 @@ class ZooProfileSummary:
     synthetic_specs: int = 0
     elapsed_s: float = 0.0
     stopped_contended: bool = False
+    waited_s: float = 0.0           # spent waiting for slow spells of the machine to end
     failed_variants: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -87,8 +88,12 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                 variants: Sequence[sampling.ModelVariant] | None = None, synthetic: bool = True,
                 max_synthetic: int = 1200, zoo_budget_share: float = 0.6, retest_count: int = 40,
                 synthetic_chunk: int = 24, progress: Progress | None = None,
-                load_module: Callable[[sampling.ModelVariant], Any] = import_variant) -> ZooProfileSummary:
+                load_module: Callable[[sampling.ModelVariant], Any] = import_variant,
+                wait_when_slow_s: float = 0.0) -> ZooProfileSummary:
     """The profiling campaign of the module docstring; safe to kill and rerun (nothing is measured twice).
+
+    ``wait_when_slow_s``: how long in all the kernel runs may wait for a slow spell of the machine to end before
+    they stop (``profile_workloads``); the default stops at once, as before.
 
     ``load_module(variant)`` gives the variant's Relax module (default: the zoo model via hetpart.driver.api).
     """
@@ -99,6 +104,7 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
     summary = ZooProfileSummary(variants=len(variants))
     # once a kernel run stopped because every window was contended, nothing more is timed
     left = lambda: 0.0 if summary.stopped_contended else budget_s - (time.monotonic() - start)   # noqa: E731
+    wait_left = lambda: max(0.0, wait_when_slow_s - summary.waited_s)   # noqa: E731
 
     def on_kernel(done: int, total: int, name: str, status: str) -> None:
         if progress is not None:
@@ -141,7 +147,9 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                     "%.0f s used for extraction", len(variants), len(ordered), summary.aligned,
                     summary.fallback_tir, budget_s - left())
         run = profile_workloads(store, [c.workload for c in ordered], profiler,
-                                max(0.0, zoo_budget_share * budget_s - (budget_s - left())), on_kernel)
+                                max(0.0, zoo_budget_share * budget_s - (budget_s - left())), on_kernel,
+                                wait_when_slow_s=wait_left())
+        summary.waited_s += run.waited_s
         summary.kernels_measured += run.measured
         summary.kernels_skipped += run.skipped
         summary.kernels_not_started += run.not_started
@@ -215,7 +223,9 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
                     keys_of_spec[_done_marker(spec)] = [c.key_hash for c in made]
                     chunk += made
                 run = profile_workloads(store, [c.workload for c in sampling.prioritise(chunk)], profiler,
-                                        max(0.0, left()), on_kernel, retry=("rejected_noisy",))
+                                        max(0.0, left()), on_kernel, retry=("rejected_noisy",),
+                                        wait_when_slow_s=wait_left())
+                summary.waited_s += run.waited_s
                 summary.kernels_measured += run.measured
                 summary.kernels_skipped += run.skipped
                 summary.kernels_not_started += run.not_started

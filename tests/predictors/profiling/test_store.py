@@ -308,6 +308,63 @@ def test_a_run_whose_every_window_is_contended_stops_with_a_warning(tmp_path, ca
     assert not later.stopped_contended and later.statuses["ok"] == 30
 
 
+class SlowSpell(RecordingProfiler):
+    """A machine slower than the reference for the first ``slow_kernels`` kernels, quiet afterwards unless
+    ``ends`` is False; its canary, polled while the run waits, follows ``canary_polls`` (µs)."""
+
+    canary_reference_us = 72.0
+    canary_limit_us = 72.0 * 1.08
+
+    def __init__(self, session, slow_kernels: int, canary_polls: list[float]):
+        super().__init__(session)
+        self.slow_kernels, self.canary_polls, self.polled = slow_kernels, list(canary_polls), []
+
+    def canary_now_us(self):
+        value = self.canary_polls.pop(0) if self.canary_polls else 84.0
+        self.polled.append(value)
+        return value
+
+    def measure(self, w):
+        self.measured.append(w.key_hash)
+        if len(self.measured) <= self.slow_kernels:
+            return replace(self.measure_ok(w, 20.0), canary_us=84.0, status="rejected_noisy",
+                           error="contended: canary 84.0/84.0 us around the kernel vs reference 72.0 us")
+        return self.measure_ok(w, 20.0)
+
+
+def test_a_run_told_to_wait_rides_out_a_slow_spell_and_retries_what_it_rejected(tmp_path, monkeypatch):
+    from predictors.profiling import profiling_run
+
+    slept = []
+    monkeypatch.setattr(profiling_run, "_sleep", slept.append)
+    workloads = make_workloads(12)
+    profiler = SlowSpell("s1", slow_kernels=5, canary_polls=[90.0, 85.0, 75.0])
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        summary = profile_workloads(store, workloads, profiler, budget_s=600, stop_after_contended=5,
+                                    wait_when_slow_s=300, poll_s=30)
+        rows = store.measurements(status=None)
+    assert profiler.polled == [90.0, 85.0, 75.0] and slept == [30, 30]    # 75 us is within 8% of 72 us
+    assert not summary.stopped_contended and summary.not_started == 0
+    assert [m.status for m in rows] == ["ok"] * 12                         # the five rejections were retried
+    assert len(profiler.measured) == 12 + 5
+
+
+def test_a_run_told_to_wait_still_stops_when_the_spell_outlasts_the_wait(tmp_path, monkeypatch, caplog):
+    from predictors.profiling import profiling_run
+
+    clock = [1000.0]
+    monkeypatch.setattr(profiling_run.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(profiling_run, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    workloads = make_workloads(12)
+    profiler = SlowSpell("s1", slow_kernels=12, canary_polls=[])             # the canary stays at 84 us
+    with ProfileStore(tmp_path / "p.sqlite") as store, caplog.at_level("WARNING"):
+        summary = profile_workloads(store, workloads, profiler, budget_s=6000, stop_after_contended=5,
+                                    wait_when_slow_s=100, poll_s=30)
+    assert summary.stopped_contended and summary.measured == 5 and summary.not_started == 7
+    assert summary.waited_s == pytest.approx(100) and len(profiler.polled) == 5    # at 0, 30, 60, 90 and 100 s
+    assert "--db NEW" in caplog.text
+
+
 CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {test_dir!r})
