@@ -213,7 +213,7 @@ def bench_model(name: str, args) -> dict:
     spinning = _ort_session(onnx_path, spinning=True)
     spinning.run(None, feeds)
     spin_ms = statistics.median(_time_once(lambda: spinning.run(None, feeds)) for _ in range(args.rounds)) * 1e3
-    del spinning
+    spinning = None              # release the session and its spinning threads before the next timing
     row["onnxruntime_interleaved_ms"] = statistics.median(times["onnxruntime"]) * 1e3
     row["onnxruntime_spinning_alone_ms"] = spin_ms
     ort_ms = min(row["onnxruntime_interleaved_ms"], spin_ms)  # ratios against onnxruntime's better setting

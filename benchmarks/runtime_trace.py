@@ -101,8 +101,8 @@ def main() -> None:
             for k in range(args.rounds):
                 figures = trace_round(rt, inputs)
                 for device, d in figures["devices"].items():
-                    print(f"| {k} | {figures['wall_ms']:.1f} | {figures['admitting_ms']:.1f} | {device} | {d['runs']} | "
-                          f"{d['busy_ms']:.1f} | {d['copy_ms']:.2f} | {d['waiting_ms']:.1f} | "
+                    print(f"| {k} | {figures['wall_ms']:.1f} | {figures['admitting_ms']:.1f} | {device} | "
+                          f"{d['runs']} | {d['busy_ms']:.1f} | {d['copy_ms']:.2f} | {d['waiting_ms']:.1f} | "
                           f"{d['first_start_ms']:.1f} / {d['last_end_ms']:.1f} | "
                           f"{', '.join(f'{v:.2f}' for v in d['segment_ms_by_eighth'])} |")
             print(f"\ncopies made between devices: {getattr(rt, 'copies_made', 'not counted by this tree')}")

@@ -91,8 +91,9 @@ class HostSpeedNow:
         base = DevicePredictor.load(base_path)
         cached = time_suite(host_cpu_name(), 1)        # what the compile read (a cached, clean sweep)
         if not cached.kernels:
-            raise SystemExit(f"no cached calibration suite at one thread on this host ({'; '.join(cached.judgement.reasons)}); "
-                             "compile once with --devices cpu:A,cpu:B on a quiet host first")
+            reasons = "; ".join(cached.judgement.reasons)
+            raise SystemExit(f"no cached calibration suite at one thread on this host ({reasons}); compile once "
+                             "with --devices cpu:A,cpu:B on a quiet host first")
         with restricted_pool(1, (self.core,)):
             now = [CalibrationKernel(name, OpNode.from_dict(w.features), float(self.profiler.measure(w).median_us))
                    for name, w in self.workloads]
@@ -308,8 +309,8 @@ def main() -> None:
              f"**{summary['runtime_model_worst_abs_rel_error']:.1%}** (goal: median <= 10%, worst <= 20%).", ""]
     if speed is not None:
         drift = summary["host_speed_drift"]
-        lines += [f"With the predicted costs re-scaled to the host's speed in the same run (the calibration suite timed "
-                  f"again before each model's predictions; x{min(drift):.2f}-x{max(drift):.2f} against the cached "
+        lines += [f"With the predicted costs re-scaled to the host's speed in the same run (the calibration suite "
+                  f"timed again before each model's predictions; x{min(drift):.2f}-x{max(drift):.2f} against the cached "
                   f"calibration the compile used, timed {extras[0]['host_speed']['cached_measured_at']}): median "
                   f"**{summary['host_speed_now_median_abs_rel_error']:.1%}**, worst "
                   f"**{summary['host_speed_now_worst_abs_rel_error']:.1%}**.", ""]

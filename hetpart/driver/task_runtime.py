@@ -126,11 +126,10 @@ class TaskRuntime:
         functions = self.program.functions
         names = list(dict.fromkeys([self.host] + [d["name"] for d in recorded] + [f.device for f in functions]))
         self._cuda_names = set()
+        kinds = {d["name"]: d["kind"] for d in recorded}
         if getattr(build, "gpu_executable", None) is not None:      # GPU segments compiled for CUDA
-            kinds = {d["name"]: d["kind"] for d in recorded}
             self._cuda_names = {n for n in names if n != self.host and kinds.get(n, "gpu") == "gpu"}
         if runtime_devices is None:   # CPUs share cpu(0); a GPU on cuda(k), or emulated on the next cpu(i)
-            kinds = {d["name"]: d.get("kind", "cpu") for d in recorded}
             cpu_names = [n for n in names if n not in self._cuda_names          # unrecorded: the host only
                          and kinds.get(n, "cpu" if n == self.host else "gpu") == "cpu"]
             emulated = [n for n in names if n not in self._cuda_names and n not in cpu_names]
@@ -140,7 +139,8 @@ class TaskRuntime:
         unknown = [n for n in names if n not in runtime_devices]
         if unknown:
             raise InvalidPlanError(f"segments run on devices {unknown} that runtime_devices does not map")
-        self._memory_of = {name: (int(dev.dlpack_device_type()), int(dev.index)) for name, dev in runtime_devices.items()}
+        self._memory_of = {name: (int(dev.dlpack_device_type()), int(dev.index))     # devices sharing memory
+                           for name, dev in runtime_devices.items()}
         cores = {str(d["name"]): tuple(int(c) for c in d.get("cores", ())) for d in recorded}
         threads = {name: len(c) for name, c in cores.items() if c}
         threads.update(threads_per_device or {})
@@ -375,8 +375,8 @@ class TaskRuntime:
             self._segment_done(request, segment)
 
     def _operand(self, request: _Request, key: Any, value: Any, source: str, worker: _Worker) -> Any:
-        if source == worker.device or self._memory_of[source] == self._memory_of[worker.device]:
-            return value                              # CPU devices address the same memory: no copy
+        if self._memory_of[source] == self._memory_of[worker.device]:
+            return value          # on its own device, or on another CPU device: the same memory, no copy
         cached = request.copies.get((key, worker.device))   # only this worker writes copies to its device
         if cached is None:
             cached = request.copies[(key, worker.device)] = _copy(value, worker.runtime_device)
