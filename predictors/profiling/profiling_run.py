@@ -126,7 +126,10 @@ def profile_workloads(store: ProfileStore, workloads: Iterable[Any], profiler: P
         else:
             contended_run.clear()
         if stop_after_contended and len(contended_run) >= stop_after_contended:
-            wait_s = min(wait_when_slow_s - summary.waited_s, budget_s - (time.monotonic() - start))
+            budget_left_s = budget_s - (time.monotonic() - start)
+            if wait_when_slow_s > summary.waited_s and budget_left_s <= 0:
+                continue      # it would have waited, but the budget is spent: the run ends on that, not contended
+            wait_s = min(wait_when_slow_s - summary.waited_s, budget_left_s)
             waited_from = time.monotonic()
             back = _wait_for_reference_speed(profiler, wait_s, poll_s)
             summary.waited_s += time.monotonic() - waited_from

@@ -365,6 +365,26 @@ def test_a_run_told_to_wait_still_stops_when_the_spell_outlasts_the_wait(tmp_pat
     assert "--db NEW" in caplog.text
 
 
+
+def test_a_run_that_would_wait_but_has_spent_its_budget_ends_on_the_budget(tmp_path, monkeypatch):
+    from predictors.profiling import profiling_run
+
+    clock = [1000.0]
+    monkeypatch.setattr(profiling_run.time, "monotonic", lambda: clock[0])
+
+    class SlowAndLong(SlowSpell):
+        def measure(self, w):             # every kernel takes 10 s of the 45 s budget
+            clock[0] += 10.0
+            return super().measure(w)
+
+    workloads = make_workloads(12)
+    profiler = SlowAndLong("s1", slow_kernels=12, canary_polls=[])
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        summary = profile_workloads(store, workloads, profiler, budget_s=45, stop_after_contended=5,
+                                    wait_when_slow_s=600, poll_s=30, noisy_passes=0)
+    assert not summary.stopped_contended and profiler.polled == []       # neither waited nor called contended
+    assert summary.measured == 5 and summary.not_started == 7
+
 CHILD = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {test_dir!r})
