@@ -72,35 +72,37 @@ class HostSpeedNow:
     hour, measured in the same run as the runtime (the brief's ratios-in-one-run rule)."""
 
     def __init__(self, core: int) -> None:
-        from predictors.host_calibration import CALIBRATION_SUITE
+        from predictors.device_predictor import DevicePredictor
+        from predictors.host_calibration import CALIBRATION_SUITE, suite_speed_ratio, time_suite
         from predictors.profiling.calibration_sweep import suite_workloads
         from predictors.profiling.model_timing import BestWindowProfiler
+        from predictors.registry import default_cpu_predictor_path, host_cpu_name
 
         self.core = core
         self.profiler = BestWindowProfiler("cpu", windows=2)
         self.workloads = suite_workloads(CALIBRATION_SUITE, self.profiler)
-
-    def drift(self) -> dict:
-        from hetpart.graph import OpNode
-        from predictors.device_predictor import DevicePredictor
-        from predictors.host_calibration import CalibrationKernel, suite_speed_ratio, time_suite
-        from predictors.registry import default_cpu_predictor_path, host_cpu_name
-        from tvm_passes.thread_pool import restricted_pool
-
-        base_path = default_cpu_predictor_path(threads=1)
-        base = DevicePredictor.load(base_path)
+        self.base_path = default_cpu_predictor_path(threads=1)
+        self.base = DevicePredictor.load(self.base_path)
         cached = time_suite(host_cpu_name(), 1)        # what the compile read (a cached, clean sweep)
         if not cached.kernels:
             reasons = "; ".join(cached.judgement.reasons)
             raise SystemExit(f"no cached calibration suite at one thread on this host ({reasons}); compile once "
                              "with --devices cpu:A,cpu:B on a quiet host first")
+        self.cached_measured_at = cached.measured_at
+        self.ratio_cached, _ = suite_speed_ratio(self.base, cached.kernels)
+
+    def drift(self) -> dict:
+        """Time the suite now; the drift against the cached timing the compile used."""
+        from hetpart.graph import OpNode
+        from predictors.host_calibration import CalibrationKernel, suite_speed_ratio
+        from tvm_passes.thread_pool import restricted_pool
+
         with restricted_pool(1, (self.core,)):
             now = [CalibrationKernel(name, OpNode.from_dict(w.features), float(self.profiler.measure(w).median_us))
                    for name, w in self.workloads]
-        ratio_now, _ = suite_speed_ratio(base, now)
-        ratio_cached, _ = suite_speed_ratio(base, cached.kernels)
-        return {"predictor": base_path.name, "suite_ratio_now": ratio_now, "suite_ratio_cached": ratio_cached,
-                "cached_measured_at": cached.measured_at, "drift": ratio_now / ratio_cached}
+        ratio_now, _ = suite_speed_ratio(self.base, now)
+        return {"predictor": self.base_path.name, "suite_ratio_now": ratio_now, "suite_ratio_cached": self.ratio_cached,
+                "cached_measured_at": self.cached_measured_at, "drift": ratio_now / self.ratio_cached}
 
 
 def scaled_costs(costs, factor: float, graph):
