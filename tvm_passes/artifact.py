@@ -13,6 +13,7 @@ import tvm
 from tvm import relax
 
 from hetpart.errors import BuildError, InputMismatchError, SchemaError
+from tvm_passes.host_tensors import to_host_tensor, to_numpy
 from tvm_passes.native_log import native_output_to_log
 
 logger = logging.getLogger(__name__)
@@ -100,8 +101,8 @@ class BuildResult:
             raise InputMismatchError(f"main takes inputs (shape, dtype) {expected}; found {found}")
         vm = relax.VirtualMachine(self.executable, self.manifest.runtime_devices())
         host = tvm.cpu(0)
-        result = self.manifest.main_caller(vm)(*[tvm.runtime.tensor(np.ascontiguousarray(x), host) for x in inputs])
-        return [t.numpy() for t in _flatten_outputs(result)]
+        result = self.manifest.main_caller(vm)(*[to_host_tensor(np.asarray(x), host) for x in inputs])
+        return [to_numpy(t) for t in _flatten_outputs(result)]
 
     def cuda_source(self) -> str:
         """The generated CUDA C++ source ("" when the build has no CUDA module)."""

@@ -18,6 +18,7 @@ import numpy as np
 from hetpart.errors import BuildError, SchemaError, UsageError
 from hetpart.driver.inputs import check_inputs
 from hetpart.threads import ensure_tvm_threads
+from tvm_passes.host_tensors import to_host_tensor, to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,8 @@ class CompiledRuntime:
             self._vm = self._relax.VirtualMachine(self._executable, devices)
             self._main = self.manifest.main_caller(self._vm)   # uploads GPU weights once, then calls main
         host = self._tvm.cpu(0)
-        result = self._main(*[self._tvm.runtime.tensor(a, host) for a in arrays])
-        return [np.asarray(t.numpy()) for t in _flatten(result)]
+        result = self._main(*[to_host_tensor(a, host) for a in arrays])
+        return [to_numpy(t) for t in _flatten(result)]
 
 
 

@@ -48,6 +48,7 @@ import numpy as np
 from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, UsageError
 from hetpart.driver.inputs import check_inputs
 from hetpart.threads import ensure_tvm_threads
+from tvm_passes.host_tensors import to_host_tensor, to_numpy
 from tvm_passes.thread_pool import configure_pool
 
 if TYPE_CHECKING:
@@ -315,7 +316,7 @@ class TaskRuntime:
     def _submit_arrays(self, arrays: Sequence[np.ndarray], future: Future | None = None) -> Future:
         future = future or Future()
         host = self._workers[self.host].runtime_device
-        inputs = [self._tvm.runtime.tensor(a, host) for a in arrays]
+        inputs = [to_host_tensor(a, host) for a in arrays]
         with self._lock:
             if self._closing:
                 raise UsageError("the task runtime is closed")
@@ -418,7 +419,7 @@ class TaskRuntime:
                     value = request.values[op]
                     for i in path:
                         value = value[i]
-                    outputs.extend(np.asarray(t.numpy()) for t in _flatten(value))
+                    outputs.extend(to_numpy(t) for t in _flatten(value))
             except BaseException as exc:  # noqa: BLE001
                 request.future.set_exception(exc)
                 return
