@@ -60,7 +60,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     import hetpart
     from hetpart.driver.compiler import expand_plan
-    from hetpart.driver.runtime_overhead import measure_dispatch_overhead
+    from hetpart.driver.runtime_overhead import measure_dispatch_overhead, single_device_request_us
     from hetpart.driver.task_runtime import TaskRuntime
     from hetpart.partition import partition
     from tvm_passes.sources import import_model
@@ -77,7 +77,8 @@ def main() -> None:
                                    slice_steps=args.slice_steps)
         module = import_model(str(path)).mod
         overhead = measure_dispatch_overhead([{"name": d.name, "kind": d.kind, "cores": list(d.cores)}
-                                              for d in compiled.costs.devices.devices])
+                                              for d in compiled.costs.devices.devices],
+                                             request_us=single_device_request_us(compiled.costs))
         model = overhead.runtime_model(compiled.costs.device_names)
         plan = partition(compiled.graph, compiled.costs, "timeslice",
                          {"requests": args.requests, "slice_steps": args.slice_steps, "timeslice_segments": "slices",

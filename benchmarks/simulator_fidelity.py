@@ -159,7 +159,7 @@ def costs_from_measured_segments(compiled, segment_us: dict) -> object:
 def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args,
               speed: HostSpeedNow | None = None) -> tuple[list[dict], dict]:
     import hetpart
-    from hetpart.driver.runtime_overhead import measure_dispatch_overhead
+    from hetpart.driver.runtime_overhead import measure_dispatch_overhead, single_device_request_us
     from hetpart.driver.task_runtime import TaskRuntime
     from hetpart.simulate_requests import simulate_requests
     from tvm_passes.thread_pool import restricted_pool
@@ -170,7 +170,7 @@ def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args,
     single = hetpart.compile(name, devices="cpu", method="all_cpu", size=args.size)
     compile_s = time.perf_counter() - started
     devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in compiled.costs.devices.devices]
-    overhead = measure_dispatch_overhead(devices)
+    overhead = measure_dispatch_overhead(devices, request_us=single_device_request_us(compiled.costs))
     runtime_model = overhead.runtime_model(compiled.costs.device_names)
     x = inputs_for(compiled.build.manifest.inputs, compiled.op_graph, seed=0)
     with TaskRuntime(compiled.segments, trace=True) as rt:

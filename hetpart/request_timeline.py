@@ -32,6 +32,12 @@ class RuntimeModel:
     # copies it before running the segment, and the worker that ends a request copies the outputs made off the
     # host back; "links": copies run on the links, overlapping the workers, as hetpart.simulate assumes
     copies: str = "consumer"
+    # Per request (µs): from its admission until its first segments may start (the caller checks and converts the
+    # inputs and wakes a worker), and from its last segment's end until its result is available (the outputs read
+    # back, the future resolved). Neither occupies a worker in the model; both add to every request's latency, and
+    # a completion admits the next waiting request only once the result is out (``max_in_flight``).
+    admission_us: float = 0.0
+    completion_us: float = 0.0
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -41,6 +47,11 @@ class RuntimeModel:
             raise UsageError(f"dispatch_overhead_us_by_device must map device names to microseconds; found "
                              f"{self.dispatch_overhead_us_by_device!r}") from exc
         object.__setattr__(self, "dispatch_overhead_us_by_device", overheads)
+        for key in ("admission_us", "completion_us"):
+            try:
+                object.__setattr__(self, key, float(getattr(self, key)))
+            except (TypeError, ValueError) as exc:
+                raise UsageError(f"{key} must be a number of microseconds; found {getattr(self, key)!r}") from exc
 
     def overhead_us(self, device: str) -> float:
         return self.dispatch_overhead_us_by_device.get(device, 0.0)
@@ -55,6 +66,9 @@ class RuntimeModel:
         bad = {d: v for d, v in self.dispatch_overhead_us_by_device.items() if not (math.isfinite(v) and v >= 0)}
         if bad:
             raise UsageError(f"dispatch overheads must be finite and >= 0 us; found {bad}")
+        for key in ("admission_us", "completion_us"):
+            if not (math.isfinite(getattr(self, key)) and getattr(self, key) >= 0):
+                raise UsageError(f"{key} must be finite and >= 0 us; found {getattr(self, key)}")
         if device_names is not None:
             unknown = sorted(set(self.dispatch_overhead_us_by_device) - set(device_names))
             if unknown:
@@ -63,7 +77,8 @@ class RuntimeModel:
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": self.schema_version, "worker_policy": self.worker_policy, "copies": self.copies,
-                "dispatch_overhead_us_by_device": dict(self.dispatch_overhead_us_by_device)}
+                "dispatch_overhead_us_by_device": dict(self.dispatch_overhead_us_by_device),
+                "admission_us": self.admission_us, "completion_us": self.completion_us}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RuntimeModel":
@@ -72,6 +87,8 @@ class RuntimeModel:
             model = cls(dispatch_overhead_us_by_device=data.get("dispatch_overhead_us_by_device", {}),
                         worker_policy=str(data.get("worker_policy", "priority")),
                         copies=str(data.get("copies", "links")),     # written before copies were modelled
+                        admission_us=data.get("admission_us", 0.0),   # written before they were modelled: 0
+                        completion_us=data.get("completion_us", 0.0),
                         schema_version=data["schema_version"])
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"RuntimeModel JSON is malformed ({type(exc).__name__}: {exc})") from exc

@@ -21,7 +21,9 @@ The model of ``simulate_requests(graph, costs, plan, n_requests=N)`` (docs/runti
   the host, each model input) it reads that is not yet on its device for this request, one after another, and
   runs the segment. The worker that ends a request's last segment copies the model outputs made off the host.
 * Requests ``0..N-1`` wait at t = 0 and are admitted in order, at most ``max_in_flight`` (default N) unfinished at
-  a time. A request completes when its last segment or copy ends; its latency is completion minus admission.
+  a time. A request's segments may start ``RuntimeModel.admission_us`` after its admission; it completes
+  ``RuntimeModel.completion_us`` after its last segment or copy ends (then the next waiting request is admitted);
+  its latency is completion minus admission.
 
 Memory is not checked (N requests in flight hold N sets of activations). Imports numpy only through
 ``hetpart.simulate`` (core rule).
@@ -167,6 +169,12 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         admitted[r] = now
         deps.append([len(p) for p in prog.producers] if consumer else list(prog.n_deps))
         on_device.append(set())
+        if runtime.admission_us > 0:
+            heapq.heappush(pending, (now + runtime.admission_us, next(counter), "admitted", (r, None)))
+        else:
+            start_request(now, r)
+
+    def start_request(now: float, r: int) -> None:
         for s, n in enumerate(deps[r]):
             if not n:
                 ready(r, s)
@@ -177,6 +185,12 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
             complete(now, r)
 
     def complete(now: float, r: int) -> None:
+        if runtime.completion_us > 0:
+            heapq.heappush(pending, (now + runtime.completion_us, next(counter), "completed", (r, None)))
+        else:
+            resolve(now, r)
+
+    def resolve(now: float, r: int) -> None:
         completed[r] = now
         if admit_next < n_req:
             admit(now)
@@ -242,6 +256,10 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
             elif kind == "outputs":
                 worker_busy[item] = False
                 complete(now, r)
+            elif kind == "admitted":
+                start_request(now, r)
+            elif kind == "completed":
+                resolve(now, r)
             elif kind == "segment":
                 worker_busy[prog.dev[item]] = False
                 satisfy(r, prog.after_segment[item])

@@ -160,13 +160,14 @@ def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, graph: OpGraph, 
                           tuning_database=tuning_database, devices=devices, gpu_target=gpu_target)
 
 
-def _measure_overhead(choice: DeviceChoice) -> Any:
-    """The task runtime's overhead per segment on these devices, measured here now
-    (:func:`hetpart.driver.runtime_overhead.measure_dispatch_overhead`)."""
+def _measure_overhead(choice: DeviceChoice, costs: CostTable) -> Any:
+    """The task runtime's overheads per segment and per request on these devices, measured here now
+    (:func:`hetpart.driver.runtime_overhead.measure_dispatch_overhead`, per request after a request as long as
+    this model's on one device)."""
     from hetpart.driver.report_fidelity import device_dicts
-    from hetpart.driver.runtime_overhead import measure_dispatch_overhead
+    from hetpart.driver.runtime_overhead import measure_dispatch_overhead, single_device_request_us
 
-    return measure_dispatch_overhead(device_dicts(choice.devices))
+    return measure_dispatch_overhead(device_dicts(choice.devices), request_us=single_device_request_us(costs))
 
 
 def _predict_task_runtime(graph: OpGraph, costs: CostTable, plan: Plan, overhead: Any,
@@ -298,8 +299,8 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     lap("costs")
     overhead = None
     if segments and len(choice.devices.names) > 1:
-        say("measuring the task runtime's overhead per segment")
-        overhead = _measure_overhead(choice)
+        say("measuring the task runtime's overheads per segment and per request")
+        overhead = _measure_overhead(choice, costs)
         if given_plan is None and not config.dispatch_overhead_us_by_device:    # the plan is made for the runtime
             config = replace(config, dispatch_overhead_us_by_device=overhead.runtime_model(
                 costs.device_names).dispatch_overhead_us_by_device)

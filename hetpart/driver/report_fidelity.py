@@ -77,14 +77,22 @@ def _drift_clause(summary: Mapping[str, Any]) -> str:
             f"{summary['host_speed_now_worst_abs_rel_error']:.0%}")
 
 
+def _per_request_clause(prediction: Mapping[str, Any]) -> str:
+    if "admission_us" not in prediction:        # predicted before per-request overheads were measured
+        return ""
+    return (f"; per request {prediction['admission_us']:,.0f} µs to admit it and {prediction['completion_us']:,.0f} µs "
+            "to hand its outputs back")
+
+
 def task_runtime_section(devices: DeviceSet, prediction: Mapping[str, Any] | None) -> list[str]:
     """Markdown lines: the predicted task-runtime figures (when the compile built segments) and the error note."""
     lines = ["## Task runtime (many requests)", ""]
     if prediction:
         n = prediction["requests"]
         lines += [f"With `hetpart run DIR --mode tasks` the plan's {prediction['segments']} segments run on one worker "
-                  f"thread per device. Predicted with the overhead per segment measured at compile time "
-                  f"({prediction['overhead_per_segment_us']:,.1f} µs):", "",
+                  f"thread per device. Predicted with the runtime's overheads measured at compile time "
+                  f"({prediction['overhead_per_segment_us']:,.1f} µs per segment" + _per_request_clause(prediction)
+                  + "):", "",
                   f"- one request: {prediction['one_request_us']:,.0f} µs;",
                   f"- {n} requests in flight: one completes every {prediction['period_us']:,.0f} µs "
                   f"({1e6 / prediction['period_us']:,.1f} inferences/s), p50 latency "
@@ -106,6 +114,7 @@ def predict_task_runtime(graph: Any, costs: Any, plan: Any, overhead: Any, segme
     one = simulate_requests(graph, costs, plan, n_requests=1, runtime=model)
     many = simulate_requests(graph, costs, plan, n_requests=requests, runtime=model)
     return {"requests": requests, "segments": segments, "overhead_per_segment_us": overhead.overhead_us,
+            "admission_us": model.admission_us, "completion_us": model.completion_us,
             "overhead_measured_at": overhead.measured_at, "one_request_us": one.makespan_us,
             "period_us": many.period_us, "p50_latency_us": float(np.median(many.latency_us))}
 

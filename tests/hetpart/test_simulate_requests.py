@@ -105,6 +105,27 @@ def test_dispatch_overhead_is_added_once_per_segment(make_tiny):
                              segmentation=alone).makespan_us == 81
 
 
+def test_admission_and_completion_add_to_every_latency_without_occupying_a_worker(make_tiny):
+    graph, costs, plan = two_device_chain(make_tiny, 100, 50)           # alone: 185 us, the cpu busy 0-100
+    runtime = RuntimeModel(admission_us=30, completion_us=12, copies="links")
+    tl = simulate_requests(graph, costs, plan, runtime=runtime).validate()
+    assert spans(tl)[("seg", 0)] == (30, 130) and tl.latency_us == (30 + 185 + 12,)
+    back_to_back = simulate_requests(graph, costs, plan, n_requests=3, max_in_flight=1, runtime=runtime).validate()
+    assert back_to_back.admitted_us == (0, 227, 454) and back_to_back.makespan_us == 3 * 227
+    at_once = simulate_requests(graph, costs, plan, n_requests=3, runtime=runtime).validate()
+    # admitted together, each may start 30 us later; the cpu then runs them back to back (the workers are free
+    # while a request is admitted or completed), so the last completes 12 us after its copy back ends
+    assert at_once.admitted_us == (0, 0, 0)
+    assert at_once.completed_us == (227, 327, 427)
+    with pytest.raises(UsageError, match="admission_us must be finite and >= 0"):
+        RuntimeModel(admission_us=-1).validate()
+    with pytest.raises(UsageError, match="completion_us must be a number"):
+        RuntimeModel(completion_us="soon")
+    assert RuntimeModel.from_dict(runtime.to_dict()) == runtime
+    written_before = {k: v for k, v in runtime.to_dict().items() if k not in ("admission_us", "completion_us")}
+    assert RuntimeModel.from_dict(written_before) == RuntimeModel(copies="links")
+
+
 def test_a_free_worker_takes_a_later_request_while_an_earlier_one_waits(make_tiny):
     # A (cpu 30) -> B (gpu 50) -> C (cpu 20), 10-byte edges (20 us copies), two requests
     graph, costs = make_tiny([(30, 999), (999, 50), (20, 999)], [(0, 1, 10), (1, 2, 10)])
@@ -213,7 +234,8 @@ def check_runtime_timeline(graph, costs, plan, seg, tl: RequestsTimeline, runtim
                 assert ev.start_us >= copies[(-1 - input_index[name], d)].end_us - TOL
             for u in outputs & set(s.op_ids) if d != host else ():
                 assert copies[(u, host)].start_us >= ev.end_us - TOL
-        assert tl.completed_us[r] == max(e.end_us for e in tl.events_of(r))
+        assert tl.completed_us[r] == pytest.approx(max(e.end_us for e in tl.events_of(r)) + runtime.completion_us)
+        assert min(e.start_us for e in tl.events_of(r)) >= tl.admitted_us[r] + runtime.admission_us - TOL
     for r, t in enumerate(tl.admitted_us):
         assert sum(a <= t < c for a, c in zip(tl.admitted_us, tl.completed_us)) <= tl.max_in_flight
         assert r < tl.max_in_flight or t in tl.completed_us[:r]
@@ -223,12 +245,13 @@ def check_runtime_timeline(graph, costs, plan, seg, tl: RequestsTimeline, runtim
 @given(shape=st.sampled_from(["dag", "layered", "branchy", "series_parallel"]), n=st.integers(1, 25),
        seed=st.integers(0, 10_000), n_requests=st.integers(1, 4), limit=st.integers(1, 4),
        overhead=st.floats(0, 50), policy=st.sampled_from(["priority", "fixed_order"]), merge=st.booleans(),
-       serial=st.booleans(), three=st.booleans())
+       serial=st.booleans(), three=st.booleans(), per_request=st.sampled_from([(0, 0), (25, 0), (0, 9), (40, 15)]))
 def test_events_respect_dependencies_and_resources(shape, n, seed, n_requests, limit, overhead, policy, merge,
-                                                   serial, three):
+                                                   serial, three, per_request):
     graph, costs, plan = problem(shape, n, seed, three)
     seg = segment_plan(graph, plan, merge=merge)
-    runtime = RuntimeModel({"cpu": overhead, "gpu": overhead / 2}, worker_policy=policy, copies="links")
+    runtime = RuntimeModel({"cpu": overhead, "gpu": overhead / 2}, worker_policy=policy, copies="links",
+                           admission_us=per_request[0], completion_us=per_request[1])
     tl = simulate_requests(graph, costs, plan, n_requests=n_requests, max_in_flight=min(limit, n_requests),
                            runtime=runtime, segmentation=seg, config=SimulationConfig(serial_links=serial))
     check_runtime_timeline(graph, costs, plan, seg, tl, runtime)
