@@ -155,7 +155,9 @@ def profile_zoo(db_path: str | Path, budget_s: float, profiler: KernelProfiler |
         summary.kernels_not_started += run.not_started
         summary.stopped_contended = run.stopped_contended
 
-        remeasured = remeasure_noisy(store, [c.workload for c in ordered], profiler, left)
+        remeasured = remeasure_noisy(store, [c.workload for c in ordered], profiler, left,
+                                     wait_when_slow_s=wait_left())
+        summary.waited_s += remeasured.waited_s if remeasured else 0.0
         summary.kernels_remeasured = remeasured.statuses.get("ok", 0) if remeasured else 0
         summary.stopped_contended |= bool(remeasured and remeasured.stopped_contended)
 
@@ -267,15 +269,17 @@ def repair_features(store: ProfileStore, kernels: ModelKernels, stored: dict[str
 
 
 def remeasure_noisy(store: ProfileStore, workloads: Sequence[KernelWorkload], profiler: KernelProfiler,
-                    left: Callable[[], float]) -> ProfileRunSummary | None:
+                    left: Callable[[], float], wait_when_slow_s: float = 0.0) -> ProfileRunSummary | None:
     """Measure again the workloads stored as ``rejected_noisy`` (their rows are replaced); the run's summary, or
-    None when there was nothing to do. Run when the machine may be quieter than at the first attempt."""
+    None when there was nothing to do. Run when the machine may be quieter than at the first attempt; like any
+    kernel run it waits up to ``wait_when_slow_s`` for a slow spell to end before it stops."""
     noisy = {m.key_hash for m in store.measurements(device=profiler.device, status="rejected_noisy",
                                                     target=profiler.target, tvm_version=profiler.tvm_version)}
     todo = [w for w in workloads if w.key_hash in noisy]
     if not todo or left() <= 0:
         return None
-    run = profile_workloads(store, todo, profiler, left(), retry=("rejected_noisy",), noisy_passes=0)
+    run = profile_workloads(store, todo, profiler, left(), retry=("rejected_noisy",), noisy_passes=0,
+                            wait_when_slow_s=wait_when_slow_s)
     logger.info("re-measured %d noisy kernels: %s", run.measured, run.statuses)
     return run
 

@@ -466,3 +466,22 @@ def test_two_concurrent_profilers_split_the_work_without_corruption(tmp_path):
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert conn.execute("SELECT COUNT(DISTINCT key_hash), COUNT(*) FROM measurements").fetchone() == (n, n)
     assert conn.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0
+
+
+def test_re_measuring_stored_noisy_kernels_waits_out_a_slow_spell_too(tmp_path, monkeypatch):
+    from predictors.profiling import profiling_run
+    from predictors.profiling.zoo_profile import remeasure_noisy
+
+    slept = []
+    monkeypatch.setattr(profiling_run, "_sleep", slept.append)
+    workloads = make_workloads(16)
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        for w in workloads:                      # an earlier run left every kernel rejected as noisy
+            store.add(replace(RecordingProfiler("s0").measure_ok(w, 20.0), status="rejected_noisy",
+                              error="spread too high"))
+        profiler = SlowSpell("s1", slow_kernels=12, canary_polls=[85.0, 75.0])   # 12 in a row: it would stop
+        run = remeasure_noisy(store, workloads, profiler, lambda: 600.0, wait_when_slow_s=300)
+        rows = store.measurements(status=None)
+    assert slept == [30] and profiler.polled == [85.0, 75.0] and not run.stopped_contended
+    assert run.measured == 16 and [m.status for m in rows].count("ok") == 4   # the slow twelve stay rejected
+
