@@ -71,8 +71,10 @@ def _drift_clause(summary: Mapping[str, Any]) -> str:
     if "host_speed_now_median_abs_rel_error" not in summary:
         return ""
     drift = summary.get("host_speed_drift") or [1.0]
+    since = ("since the CPU predictor's kernels were timed" if summary.get("host_speed_reference") == "predictor"
+             else "since the cached calibration")
     return (f"; with the costs re-scaled to the host's speed at the time of the run (it had drifted "
-            f"x{min(drift):.2f}-x{max(drift):.2f} since the cached calibration) median "
+            f"x{min(drift):.2f}-x{max(drift):.2f} {since}) median "
             f"{summary['host_speed_now_median_abs_rel_error']:.0%}, worst "
             f"{summary['host_speed_now_worst_abs_rel_error']:.0%}")
 

@@ -26,6 +26,11 @@ def test_the_note_quotes_the_measured_errors_and_the_host_drift_when_measured(tm
                                 "host_speed_now_worst_abs_rel_error": 0.379, "host_speed_drift": [1.17, 1.32, 1.2]}))
     note = fidelity_note(_core_devices(), path)
     assert "drifted x1.17-x1.32 since the cached calibration) median 15%, worst 38%." in note
+    path.write_text(json.dumps({**SUMMARY, "host_speed_now_median_abs_rel_error": 0.033,
+                                "host_speed_now_worst_abs_rel_error": 0.13, "host_speed_drift": [1.12, 1.29],
+                                "host_speed_reference": "predictor"}))     # a predictor used unscaled
+    note = fidelity_note(_core_devices(), path)
+    assert "drifted x1.12-x1.29 since the CPU predictor's kernels were timed) median 3%, worst 13%." in note
 
 
 def test_a_device_set_with_a_gpu_gets_no_figure(tmp_path):
