@@ -169,6 +169,16 @@ def run_tasks(rt: Any, inputs: Sequence[Sequence[np.ndarray]]) -> tuple[dict[str
             {s: statistics.median(v) for s, v in per_segment.items()})
 
 
+def predicted_segment_us(graph: Any, costs: Any, plan: Any, op_segment_of: Sequence[int]) -> dict[int, float]:
+    """Each runtime segment's predicted kernel time (µs): its kernels' latencies on their planned devices."""
+    latency = np.array(costs.latency_us, dtype=np.float64)
+    predicted: dict[int, float] = {}
+    for k, node in enumerate(graph.nodes):
+        s = op_segment_of[min(node.tags.get("op_ids", [node.id]))]
+        predicted[s] = predicted.get(s, 0.0) + latency[k, costs.devices.index(plan.device_of[k])]
+    return predicted
+
+
 def costs_from_segments(graph: Any, costs: Any, plan: Any, op_segment_of: Sequence[int],
                         segment_us: dict[int, float]) -> Any:
     """``costs`` with each kernel's latency on its planned device scaled so that every segment's kernels add up to
@@ -178,9 +188,7 @@ def costs_from_segments(graph: Any, costs: Any, plan: Any, op_segment_of: Sequen
     latency = np.array(costs.latency_us, dtype=np.float64)
     device = [costs.devices.index(d) for d in plan.device_of]
     segment = [op_segment_of[min(node.tags.get("op_ids", [node.id]))] for node in graph.nodes]
-    predicted: dict[int, float] = {}
-    for k, s in enumerate(segment):
-        predicted[s] = predicted.get(s, 0.0) + latency[k, device[k]]
+    predicted = predicted_segment_us(graph, costs, plan, op_segment_of)
     for k, s in enumerate(segment):
         if predicted[s] > 0 and s in segment_us:
             latency[k, device[k]] *= segment_us[s] / predicted[s]
@@ -265,8 +273,10 @@ def measure_config(config: Any, onnx_path: Path, args: argparse.Namespace, cores
                 rounds["one_core"].append(run_one_core(sequential, tensors, cores[0]))
                 rounds["balance"].append(run_balanced(sequential, tensors, cores))
         measured = {name: _median_figures(r) for name, r in rounds.items()}
+        segment_median_us = {s: statistics.median(v) for s, v in segment_us.items()}
         measured_costs = costs_from_segments(compiled.graph, compiled.costs, plan, segmentation.segment_of,
-                                             {s: statistics.median(v) for s, v in segment_us.items()})
+                                             segment_median_us)
+        segment_predicted_us = predicted_segment_us(compiled.graph, compiled.costs, plan, segmentation.segment_of)
         predicted = _simulated(compiled.graph, compiled.costs, plan, n, runtime_model, per_task)
         from_segments = _simulated(compiled.graph, measured_costs, plan, n, runtime_model, per_task)
         balance = simulate_request_balance(compiled.graph, compiled.costs, n_requests=n, runtime=runtime_model)
@@ -277,6 +287,10 @@ def measure_config(config: Any, onnx_path: Path, args: argparse.Namespace, cores
             "plan_segments": plan.stats["segments"], "chosen": plan.stats["chosen"],
             "overhead_per_segment_us": overhead.overhead_us, "max_abs_diff_vs_one_core": max_abs_diff,
             "measured": measured, "predicted": predicted, "predicted_from_measured_segments": from_segments,
+            # per runtime segment (id: device), its kernels' predicted time and its median measured run in flight
+            "segments_us": {f"{s}:{segmentation.segments[s].device}": {"predicted": segment_predicted_us.get(s),
+                                                                      "measured": segment_median_us.get(s)}
+                            for s in sorted(segment_median_us)},
             "predicted_balance": {"makespan_us": balance.makespan_us,
                                   "throughput_per_s": n / balance.makespan_us * 1e6},
             "rel_error": _errors(predicted, measured["timeslice"]),
