@@ -36,6 +36,9 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -281,6 +284,21 @@ def table(records: list[dict], extras: list[dict], requests: int) -> list[str]:
     return lines
 
 
+def run_in_child(name: str, argv: list[str], attempts: int = 2) -> tuple[list[dict], dict]:
+    """One model's records, measured by this script in a process of its own (tried ``attempts`` times)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "result.json"
+        for attempt in range(1, attempts + 1):
+            done = subprocess.run([sys.executable, __file__, *argv, "--one-model", name, "--result-file", str(result)],
+                                  check=False)
+            if done.returncode == 0 and result.exists():
+                data = json.loads(result.read_text())
+                return data["records"], data["extra"]
+            log.warning("%s: the measuring process ended with status %s (attempt %d of %d)", name, done.returncode,
+                        attempt, attempts)
+    raise SystemExit(f"{name}: no result after {attempts} attempts")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -295,6 +313,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/simulator_fidelity"))
     parser.add_argument("--summary", default="hetpart/driver/data/simulator_fidelity.json",
                         help="where the report's summary goes ('' to skip)")
+    parser.add_argument("--one-model", default="", help=argparse.SUPPRESS)      # a child: one model, then exit
+    parser.add_argument("--result-file", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from hetpart.driver.report_fidelity import host_cpu_label
@@ -304,9 +324,17 @@ def main() -> None:
         raise SystemExit("two one-core CPU devices need a process allowed on two cores")
     spec = f"cpu:{cores[0]},cpu:{cores[1]}"
     records, extras = [], []
-    speed = None if args.no_host_speed else HostSpeedNow(cores[0])
+    if args.one_model:
+        speed = None if args.no_host_speed else HostSpeedNow(cores[0])
+        got, extra = run_model(args.one_model, spec, cores, args.method, args, speed)
+        args.result_file.write_text(json.dumps({"records": got, "extra": extra}, default=str))
+        sys.stdout.flush()
+        # skip the interpreter's teardown: destroying a model's TVM executables segfaulted there (in
+        # VMExecutable::~VMExecutable) in 3 of 5 runs of all six models in one process, each time after a
+        # model's record was complete; each model now runs in its own process, which leaves without it
+        os._exit(0)
     for name in [m for m in args.models.split(",") if m]:
-        got, extra = run_model(name, spec, cores, args.method, args, speed)
+        got, extra = run_in_child(name, sys.argv[1:])
         records += got
         extras.append(extra)
     errors = [abs(r["rel_error"]) for r in records]
@@ -323,12 +351,14 @@ def main() -> None:
                "runtime_model_in_flight_median_abs_rel_error": statistics.median(in_flight_errors),
                "runtime_model_in_flight_worst_abs_rel_error": max(in_flight_errors),
                "command": command}
-    if speed is not None:
+    speed_measured = not args.no_host_speed
+    if speed_measured:
         now_errors = [abs(r["host_speed_now_rel_error"]) for r in records]
         summary.update({"host_speed_now_median_abs_rel_error": statistics.median(now_errors),
                         "host_speed_now_worst_abs_rel_error": max(now_errors),
                         "host_speed_drift": [e["host_speed"]["drift"] for e in extras],
-                        "host_speed_reference": "predictor" if speed.ratio_cached == 1.0 else "calibration"})
+                        "host_speed_reference": ("predictor" if extras[0]["host_speed"]["suite_ratio_cached"] == 1.0
+                                                 else "calibration")})
     slowdowns = [e["segments_in_flight_vs_alone"] or 1.0 for e in extras]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out.parent / "simulator_fidelity.json").write_text(json.dumps(
@@ -345,7 +375,7 @@ def main() -> None:
              f"x{min(slowdowns):.2f}-x{max(slowdowns):.2f} their time alone): median "
              f"**{summary['runtime_model_in_flight_median_abs_rel_error']:.1%}**, worst "
              f"**{summary['runtime_model_in_flight_worst_abs_rel_error']:.1%}**.", ""]
-    if speed is not None:
+    if speed_measured:
         drift = summary["host_speed_drift"]
         lines += [f"With the predicted costs re-scaled to the host's speed in the same run (the calibration suite "
                   f"timed again before each model's predictions; x{min(drift):.2f}-x{max(drift):.2f} against the "
