@@ -24,6 +24,7 @@ import datetime
 import logging
 import math
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -138,20 +139,19 @@ def measure_dispatch_overhead(devices: Sequence[Mapping[str, Any]], *, requests:
         "alternating": [host if k % 2 == 0 else other for k in range(graph.num_ops)],
     }
     gpus = [str(d["name"]) for d in devices if d["kind"] == "gpu"]
+
+    def start(module: Any, op_graph: Any, device_of: Sequence[str], trace: bool = False) -> Any:
+        plan = Plan(device_of=device_of, order=range(op_graph.num_ops), devices=names, method="fixed",
+                    graph_hash=op_graph.structure_hash(), level="op").validate(op_graph)
+        return TaskRuntime.from_module(module, op_graph, plan, gpu_devices=gpus, devices=list(devices), trace=trace)
+
     runtimes = {}
     try:
         for name, device_of in plans.items():
-            plan = Plan(device_of=device_of, order=range(graph.num_ops), devices=names, method="fixed",
-                        graph_hash=graph.structure_hash(), level="op").validate(graph)
-            runtimes[name] = TaskRuntime.from_module(chain_module(), graph, plan, gpu_devices=gpus,
-                                                     devices=list(devices))
-        rows = stream_rows_for(request_us)
-        streaming = extract_op_graph(streaming_module(rows), with_kernels=False)
-        runtimes["streaming"] = TaskRuntime.from_module(
-            streaming_module(rows), streaming, Plan(device_of=[host] * streaming.num_ops, order=range(streaming.num_ops),
-                                                devices=names, method="fixed", graph_hash=streaming.structure_hash(),
-                                                level="op").validate(streaming),
-            gpu_devices=gpus, devices=list(devices), trace=True)
+            runtimes[name] = start(chain_module(), graph, device_of)
+        streaming = streaming_module(stream_rows_for(request_us))
+        streaming_graph = extract_op_graph(streaming, with_kernels=False)
+        runtimes["streaming"] = start(streaming, streaming_graph, [host] * streaming_graph.num_ops, trace=True)
         segments = {name: len(rt.program.functions) for name, rt in runtimes.items()}
         x = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
         for rt in runtimes.values():
@@ -187,13 +187,15 @@ def _request_overheads(runtime: Any, x: np.ndarray, requests: int) -> tuple[floa
     for _ in range(requests):
         runtime.trace.clear()
         resolved: list[float] = []
+        stamped = threading.Event()
         submitted = time.perf_counter()
         future = runtime.submit(x)
-        future.add_done_callback(lambda _f: resolved.append(time.perf_counter()))
+        future.add_done_callback(lambda _f: (resolved.append(time.perf_counter()), stamped.set()))
         future.result()
+        stamped.wait()       # a future's callbacks run after its waiters are woken: result() can return first
         (run,) = runtime.trace
         admission.append((run.start_s - submitted) * 1e6)
-        completion.append((resolved[0] - run.end_s) * 1e6 if resolved else 0.0)
+        completion.append((resolved[0] - run.end_s) * 1e6)
         segment.append((run.end_s - run.start_s) * 1e6)
     return (max(0.0, statistics.median(admission)), max(0.0, statistics.median(completion)),
             statistics.median(segment))

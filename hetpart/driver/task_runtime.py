@@ -279,6 +279,8 @@ class TaskRuntime:
             future = self.submit(*inputs)
             future.add_done_callback(lambda f, k=k, admitted=admitted: done(k, admitted, f))
             futures.append(future)
+        for _ in range(max_in_flight):      # every slot back: every callback has run, so every latency is in
+            slots.acquire()                 # (a future's callbacks run after result() may already have returned)
         return [f.result() for f in futures], latency_us
 
     def close(self) -> None:
