@@ -95,8 +95,9 @@ class HostSpeedNow:
         if self.base.num_threads == 1 and self.base.target.get("mcpu") == host_cpu_name():
             # the compile uses it unscaled: its reference is its own kernels' timing
             self.cached_measured_at = f"the predictor's own kernel timings ({self.base_path.name})"
-            self.ratio_cached = 1.0
+            self.ratio_cached, self.reference = 1.0, "predictor"
             return
+        self.reference = "calibration"
         cached = time_suite(host_cpu_name(), 1)        # what the compile read (a cached, clean sweep)
         if not cached.kernels:
             reasons = "; ".join(cached.judgement.reasons)
@@ -116,7 +117,8 @@ class HostSpeedNow:
                    for name, w in self.workloads]
         ratio_now, _ = suite_speed_ratio(self.base, now)
         return {"predictor": self.base_path.name, "suite_ratio_now": ratio_now, "suite_ratio_cached": self.ratio_cached,
-                "cached_measured_at": self.cached_measured_at, "drift": ratio_now / self.ratio_cached}
+                "cached_measured_at": self.cached_measured_at, "drift": ratio_now / self.ratio_cached,
+                "reference": self.reference}
 
 
 def scaled_costs(costs, factor: float, graph):
@@ -357,8 +359,7 @@ def main() -> None:
         summary.update({"host_speed_now_median_abs_rel_error": statistics.median(now_errors),
                         "host_speed_now_worst_abs_rel_error": max(now_errors),
                         "host_speed_drift": [e["host_speed"]["drift"] for e in extras],
-                        "host_speed_reference": ("predictor" if extras[0]["host_speed"]["suite_ratio_cached"] == 1.0
-                                                 else "calibration")})
+                        "host_speed_reference": extras[0]["host_speed"]["reference"]})
     slowdowns = [e["segments_in_flight_vs_alone"] or 1.0 for e in extras]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out.parent / "simulator_fidelity.json").write_text(json.dumps(
