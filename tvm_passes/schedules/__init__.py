@@ -6,7 +6,7 @@ Public API (used by tvm_passes.build, tvm_passes.outline and predictors.registry
 - ``cpu_pipeline(target, database_dir=None)``: relax default CPU pipeline + tuning database + the rules.
 - ``default_cpu_target()``: the llvm target hetpart compiles CPU kernels for.
 - ``default_rules()``: the rule list, most specific first (flat-position conv, depthwise conv, conv2d, matmul,
-  row reduction, concat, elementwise).
+  pooling, row reduction, concat, elementwise).
 - ``prepack_conv_weights(lanes)``: Relax pass (before LegalizeOps) storing constant conv weights IHWO so the
   conv rule can vectorise over output channels; ``cpu_pipeline`` runs it, other pipelines may add it.
 """
@@ -27,8 +27,9 @@ Public API (used by tvm_passes.build, tvm_passes.outline and predictors.registry
 # (conv2d_depthwise); stacks of 8 or more inputs stay kernels of their own (tvm_passes.fusion); 12: with 8-lane
 # vectors (AVX2), stride-1 1x1 convs are prepacked too (tile_plan.conv_prepacks_weights); 13: with 16 vector
 # registers (AVX2), the conv rule's channel-vector tiles and the matmul rule's tiles keep at most 12 accumulators
-# (tile_plan.ACCUMULATORS_16_REGISTERS): more spilled to the stack.
-RULES_VERSION = 13
+# (tile_plan.ACCUMULATORS_16_REGISTERS): more spilled to the stack; 14: sliding-window pools run planes in
+# parallel with the padded input materialised per plane and the window loops outside the output row (pooling).
+RULES_VERSION = 14
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes
 from .layout import prepack_conv_weights

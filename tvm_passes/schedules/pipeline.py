@@ -36,9 +36,10 @@ def default_rules() -> list[CpuRule]:
     from .conv_flat import Conv2dFlat
     from .elementwise import Elementwise
     from .matmul import Matmul
+    from .pooling import Pooling
     from .reduction import RowReduction
 
-    return [Conv2dFlat(), Conv2dDepthwise(), Conv2dNCHW(), Matmul(), RowReduction(), Concat(), Elementwise()]
+    return [Conv2dFlat(), Conv2dDepthwise(), Conv2dNCHW(), Matmul(), Pooling(), RowReduction(), Concat(), Elementwise()]
 
 
 def _is_cpu_func(func: tirx.PrimFunc, target: Target) -> tuple[bool, Target | None]:

@@ -55,7 +55,9 @@ def test_schedule_pass_does_not_mutate_its_input():
     assert mod.script() == before
     funcs = _prim_funcs(scheduled)
     assert funcs and all(bool(f.attrs[SCHEDULED_ATTR]) for f in funcs.values())
-    assert {str(f.attrs[RULE_ATTR]) for f in funcs.values()} >= {"conv2d_nchw"}
+    # Which conv rule takes it depends on the host's vector width (conv2d_flat when a 10-wide row would not fill
+    # whole registers); either way a conv rule scheduled it.
+    assert {str(f.attrs[RULE_ATTR]) for f in funcs.values()} & {"conv2d_nchw", "conv2d_flat"}
 
 
 def test_gpu_and_already_scheduled_prim_funcs_are_left_alone():
