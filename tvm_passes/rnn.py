@@ -202,9 +202,6 @@ class _Emitter:
     def __call__(self, expr: relax.Expr, what: str) -> relax.Var:
         return self.bb.emit(expr, name_hint=rnn_tag_name(self.layer, self.direction, self.step, what))
 
-    def item(self, tup: relax.Expr, index: int, what: str) -> relax.Var:
-        return self(relax.TupleGetItem(tup, index), what)
-
 
 def _slice_rows(emit: _Emitter, tensor: relax.Expr, direction: int, start: int, stop: int,
                 transpose: bool, what: str) -> relax.Expr:
@@ -259,12 +256,26 @@ def _cell_weights(emit: _Emitter, spec: _RnnSpec, inputs, d: int) -> tuple[_Cell
     return _CellWeights(w_t=w_t, r_t=r_t, peepholes=peepholes), _add(emit, w_bias, r_bias, "bias")
 
 
+def _columns(tensor: relax.Expr) -> int:
+    return int(tensor.ty.shape.values[-1])
+
+
+def _gate(emit: _Emitter, tensor: relax.Expr, k: int, hidden: int, what: str) -> relax.Var:
+    """Columns ``[k*hidden, (k+1)*hidden)`` of ``tensor``: one gate of a [batch, G*hidden] tensor.
+
+    Gates are cut with one slice each, not a ``split``: FuseOps cannot fuse the tuple a split returns into the
+    cell, so every step ran a split kernel of its own and allocated its G outputs; each single-use slice fuses
+    into the cell kernel that reads it (an LSTM step: the step input's take, the recurrent matmul and two cell
+    kernels, instead of five kernels)."""
+    return emit(relax.op.strided_slice(tensor, axes=[1], begin=[k * hidden], end=[(k + 1) * hidden]), what)
+
+
 def _lstm_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
     """ONNX LSTM, gate order i, o, f, c; peepholes P_i, P_f see C_{t-1} and P_o sees C_t."""
     op = relax.op
     gates = emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "gates")
-    parts = emit(op.split(gates, 4, axis=1), "split")
-    g_i, g_o, g_f, g_c = (emit.item(parts, k, name) for k, name in enumerate(("gi", "go", "gf", "gc")))
+    hidden = _columns(gates) // 4
+    g_i, g_o, g_f, g_c = (_gate(emit, gates, k, hidden, name) for k, name in enumerate(("gi", "go", "gf", "gc")))
     if w.peepholes is not None:
         p_i, p_o, p_f = w.peepholes
         g_i = emit(op.add(g_i, emit(op.multiply(p_i, c), "pi_c")), "gi_peep")
@@ -280,17 +291,16 @@ def _lstm_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c:
 def _gru_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
     """ONNX GRU, gate order z, r, h; H_t = (1 - z) * h~ + z * H_{t-1}, computed as h~ + z * (H_{t-1} - h~)."""
     op = relax.op
-    x_parts = emit(op.split(x, 3, axis=1), "x_split")
-    x_z, x_r, x_h = (emit.item(x_parts, k, name) for k, name in enumerate(("xz", "xr", "xh")))
+    hidden = _columns(x) // 3
+    x_z, x_r, x_h = (_gate(emit, x, k, hidden, name) for k, name in enumerate(("xz", "xr", "xh")))
     if w.r_h_t is None:  # linear_before_reset=1
         h_proj = emit(op.matmul(h, w.r_t), "hr")
         if w.recurrent_bias is not None:
             h_proj = emit(op.add(h_proj, w.recurrent_bias), "hr_bias")
-        h_parts = emit(op.split(h_proj, 3, axis=1), "h_split")
-        h_z, h_r, h_h = (emit.item(h_parts, k, name) for k, name in enumerate(("hz", "hr_r", "hh")))
+        h_z, h_r, h_h = (_gate(emit, h_proj, k, hidden, name) for k, name in enumerate(("hz", "hr_r", "hh")))
     else:
-        h_parts = emit(op.split(emit(op.matmul(h, w.r_t), "hr"), 2, axis=1), "h_split")
-        h_z, h_r = (emit.item(h_parts, k, name) for k, name in enumerate(("hz", "hr_r")))
+        hr = emit(op.matmul(h, w.r_t), "hr")
+        h_z, h_r = (_gate(emit, hr, k, hidden, name) for k, name in enumerate(("hz", "hr_r")))
     z = emit(op.sigmoid(emit(op.add(x_z, h_z), "z_pre")), "z")
     r = emit(op.sigmoid(emit(op.add(x_r, h_r), "r_pre")), "r")
     if w.r_h_t is None:
