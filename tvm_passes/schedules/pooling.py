@@ -22,9 +22,8 @@ from tvm.target import Target
 
 from .base import CpuRule, num_cores, static_extents, summarize_blocks
 
-# The window (product of the reduction loops' extents) above which a reduction is not a pool: a reduction over a
-# whole axis (softmax, mean) reads each input once, and moving its long loop outside the output row would walk
-# memory across rows. YOLO's spatial pyramid pools reach 13x13 = 169.
+# The window (product of the reduction loops' extents) above which a reduction is not taken for a pool but left to
+# the row-reduction rule, whatever its indices. YOLO's spatial pyramid pools reach 13x13 = 169.
 MAX_WINDOW_ELEMENTS = 1024
 # Parallel chunks per core below which output rows join the parallel loop (load balance across cores).
 MIN_CHUNKS_PER_CORE = 4
@@ -81,8 +80,8 @@ class Pooling(CpuRule):
         if window > MAX_WINDOW_ELEMENTS:
             return None
         windowed = _windowed_spatial_positions(sch.get(block_rv))
-        # The innermost output axis must be a window axis (NCHW-like): then the reordered inner loop walks an
-        # output row and, with the input's matching axis, contiguous (or strided) memory.
+        # The innermost output axis must be a window axis (NCHW-like), and some leading axis must not be: the
+        # planes (the axes before the first window axis) then read disjoint inputs and run in parallel.
         if windowed is None or windowed[-1] != spatial_count - 1 or windowed[0] == 0:
             return None
         block_position = next(i for i, (rv, _) in enumerate(blocks) if rv.same_as(block_rv))
