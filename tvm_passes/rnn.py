@@ -295,10 +295,9 @@ def _lstm_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c:
 def _gru_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
     """ONNX GRU, gate order z, r, h; H_t = (1 - z) * h~ + z * H_{t-1}, computed as h~ + z * (H_{t-1} - h~)."""
     op = relax.op
-    hidden = _columns(x) // 3
     if w.r_h_t is None:  # linear_before_reset=1
-        # One cell kernel reads every gate, so FuseOps fuses a split into it: a split is fewer ops to analyse than
-        # slices (an 18k-op GRU's import and analysis ran about 10% longer with slices).
+        # One cell kernel reads every gate, so FuseOps fuses a split into it, and a split is fewer ops than slices:
+        # with slices the 600-step GRU had 22,900 ops instead of 18,104 and compiled 8% slower.
         x_parts = emit(op.split(x, 3, axis=1), "x_split")
         x_z, x_r, x_h = (emit.item(x_parts, k, name) for k, name in enumerate(("xz", "xr", "xh")))
         h_proj = emit(op.matmul(h, w.r_t), "hr")
@@ -307,6 +306,7 @@ def _gru_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: 
         h_parts = emit(op.split(h_proj, 3, axis=1), "h_split")
         h_z, h_r, h_h = (emit.item(h_parts, k, name) for k, name in enumerate(("hz", "hr_r", "hh")))
     else:
+        hidden = _columns(x) // 3
         x_z, x_r, x_h = (_gate(emit, x, k, hidden, name) for k, name in enumerate(("xz", "xr", "xh")))
         hr = emit(op.matmul(h, w.r_t), "hr")
         h_z, h_r = (_gate(emit, hr, k, hidden, name) for k, name in enumerate(("hz", "hr_r")))
