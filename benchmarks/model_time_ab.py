@@ -83,6 +83,21 @@ def _run_child(tree: Path, name: str, calls: int) -> dict:
     return json.loads(lines[-1])
 
 
+def summarize(samples: dict[str, dict[str, list[dict]]]) -> list[dict]:
+    """One row per model from its per-round child records of both trees: medians per tree, and this tree's time
+    over the other's within each round (round k of one tree against round k of the other)."""
+    rows = []
+    for name, by_tree in samples.items():
+        this, other = by_tree["this"], by_tree["against"]
+        ratios = [a["median_ms"] / b["median_ms"] for a, b in zip(this, other)]
+        rows.append({"model": name, "this_ms": statistics.median(r["median_ms"] for r in this),
+                     "against_ms": statistics.median(r["median_ms"] for r in other), "ratios": ratios,
+                     "ratio_median": statistics.median(ratios),
+                     "max_abs_diff": max(r["max_abs_diff_vs_onnxruntime"] for r in this),
+                     "this": this, "against": other})
+    return rows
+
+
 def _markdown(result: dict) -> str:
     meta = result["meta"]
     lines = [f"# Whole-model CPU time: this tree against `{meta['against_label']}`", "",
@@ -99,7 +114,7 @@ def _markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["lstm_speaker", "lstm_lm", "crnn_ocr"])
     parser.add_argument("--against", help="the other source tree (a checkout)")
@@ -108,7 +123,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(HERE / "results" / "model_time_ab"))
     parser.add_argument("--one-model", help=argparse.SUPPRESS)
     parser.add_argument("--tree", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.one_model:
         print(json.dumps(time_one_model(args.one_model, args.calls)), flush=True)
         os._exit(0)   # skip interpreter teardown: freeing TVM executables at exit has crashed on this host
@@ -124,15 +139,7 @@ def main() -> None:
                 record = _run_child(trees[which], name, args.calls)
                 samples[name][which].append(record)
                 log.info("round %d %s %s: %.2f ms", round_index + 1, name, which, record["median_ms"])
-    rows = []
-    for name in args.models:
-        this, other = samples[name]["this"], samples[name]["against"]
-        ratios = [a["median_ms"] / b["median_ms"] for a, b in zip(this, other)]
-        rows.append({"model": name, "this_ms": statistics.median(r["median_ms"] for r in this),
-                     "against_ms": statistics.median(r["median_ms"] for r in other), "ratios": ratios,
-                     "ratio_median": statistics.median(ratios),
-                     "max_abs_diff": max(r["max_abs_diff_vs_onnxruntime"] for r in this),
-                     "this": this, "against": other})
+    rows = summarize(samples)
     against_label = args.against if not Path(args.against).is_absolute() else "OTHER_TREE"
     out_label = os.path.relpath(args.out, THIS_TREE) if Path(args.out).is_absolute() else args.out
     command = (f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', '?')} python benchmarks/model_time_ab.py "
