@@ -81,6 +81,7 @@ class HostSpeedNow:
     ratios-in-one-run rule)."""
 
     def __init__(self, core: int) -> None:
+        from hetpart.errors import PredictorError
         from predictors.device_predictor import DevicePredictor
         from predictors.host_calibration import CALIBRATION_SUITE, suite_speed_ratio, time_suite
         from predictors.profiling.calibration_sweep import suite_workloads
@@ -98,11 +99,14 @@ class HostSpeedNow:
             self.ratio_cached, self.reference = 1.0, "predictor"
             return
         self.reference = "calibration"
-        cached = time_suite(host_cpu_name(), 1)        # what the compile read (a cached, clean sweep)
+        advice = "compile once with --devices cpu:A,cpu:B on a quiet host first (it times and caches the suite)"
+        try:
+            cached = time_suite(host_cpu_name(), 1)    # what the compile read (a cached, clean sweep)
+        except PredictorError as err:                  # nothing cached: this benchmark never times it itself
+            raise SystemExit(f"no cached calibration suite at one thread on this host; {advice}") from err
         if not cached.kernels:
             reasons = "; ".join(cached.judgement.reasons)
-            raise SystemExit(f"no cached calibration suite at one thread on this host ({reasons}); compile once "
-                             "with --devices cpu:A,cpu:B on a quiet host first")
+            raise SystemExit(f"no cached calibration suite at one thread on this host ({reasons}); {advice}")
         self.cached_measured_at = f"the cached calibration suite, timed {cached.measured_at}"
         self.ratio_cached, _ = suite_speed_ratio(self.base, cached.kernels)
 
