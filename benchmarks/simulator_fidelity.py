@@ -22,7 +22,7 @@ Per model, in one process:
    again on core A, against the cached timing the compile's costs were scaled by; the simulation is repeated with
    the costs multiplied by that drift ("predicted at the host speed now").
 
-Records go to ``simulator_fidelity.json`` (one per case with ``predicted_us``, ``measured_us``, ``rel_error`` =
+Records go to ``<out>.json`` beside the ``--out`` directory, ``simulator_fidelity.json`` by default (one per case with ``predicted_us``, ``measured_us``, ``rel_error`` =
 predicted / measured - 1), a table to ``README.md``, and the summary the report shows for CPU-core device sets to
 ``hetpart/driver/data/simulator_fidelity.json``::
 
@@ -348,7 +348,8 @@ def main() -> None:
     in_flight_errors = [abs(r["runtime_model_in_flight_rel_error"]) for r in records]
     command = ("python benchmarks/simulator_fidelity.py --models " + args.models + f" --method {args.method} "
                f"--requests {args.requests} --rounds {args.rounds}" + (f" --size {args.size}" if args.size else "")
-               + (" --no-host-speed" if args.no_host_speed else ""))
+               + (" --no-host-speed" if args.no_host_speed else "")
+               + (f" --out {args.out.as_posix()}" if args.out != Path("benchmarks/results/simulator_fidelity") else ""))
     summary = {"config": "cpu-core-devices", "devices": "two CPU devices, one core each", "host_cpu": host_cpu_label(),
                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": len(records),
                "median_abs_rel_error": statistics.median(errors), "worst_abs_rel_error": max(errors),
@@ -366,12 +367,13 @@ def main() -> None:
                         "host_speed_reference": extras[0]["host_speed"]["reference"]})
     slowdowns = [e["segments_in_flight_vs_alone"] or 1.0 for e in extras]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out.parent / "simulator_fidelity.json").write_text(json.dumps(
+    records_path = args.out.parent / f"{args.out.name}.json"    # simulator_fidelity/ -> simulator_fidelity.json
+    records_path.write_text(json.dumps(
         {"summary": summary, "records": records, "measurements": extras,
          "tvm_num_threads": int(os.environ["TVM_NUM_THREADS"]), "platform": platform.platform()}, indent=1))
     lines = ["# Simulator fidelity: the task runtime on two one-core CPU devices", "",
              f"Command: `{command}` ({summary['measured_at']}, {summary['host_cpu']}, TVM_NUM_THREADS="
-             f"{os.environ['TVM_NUM_THREADS']}). Records: `benchmarks/results/simulator_fidelity.json`.", "",
+             f"{os.environ['TVM_NUM_THREADS']}). Records: `{records_path.name}` beside this directory.", "",
              f"Over {len(records)} cases, with predicted costs: median |error| **{summary['median_abs_rel_error']:.1%}**, "
              f"worst **{summary['worst_abs_rel_error']:.1%}**; with each segment's measured time (the runtime model "
              f"alone): median **{summary['runtime_model_median_abs_rel_error']:.1%}**, worst "
