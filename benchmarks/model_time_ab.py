@@ -40,8 +40,9 @@ def time_one_model(name: str, calls: int) -> dict:
     from tvm_passes.frontend import import_model
     from tvm_passes.schedules import cpu_pipeline, default_cpu_target
 
-    imported = import_model(Path(models.build_onnx(name)))
-    onnx_path = str(imported.onnx_path or models.build_onnx(name))
+    built = Path(models.build_onnx(name))
+    imported = import_model(built)
+    onnx_path = str(imported.onnx_path or built)
     session = ort.InferenceSession(onnx_path)
     rng = np.random.default_rng(0)
     feeds = {}

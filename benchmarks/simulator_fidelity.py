@@ -22,9 +22,9 @@ Per model, in one process:
    again on core A, against the cached timing the compile's costs were scaled by; the simulation is repeated with
    the costs multiplied by that drift ("predicted at the host speed now").
 
-Records go to ``<out>.json`` beside the ``--out`` directory, ``simulator_fidelity.json`` by default (one per case with ``predicted_us``, ``measured_us``, ``rel_error`` =
-predicted / measured - 1), a table to ``README.md``, and the summary the report shows for CPU-core device sets to
-``hetpart/driver/data/simulator_fidelity.json``::
+Records go to ``<out>.json`` beside the ``--out`` directory, ``simulator_fidelity.json`` by default (one per case
+with ``predicted_us``, ``measured_us``, ``rel_error`` = predicted / measured - 1), a table to ``README.md``, and
+the summary the report shows for CPU-core device sets to ``hetpart/driver/data/simulator_fidelity.json``::
 
     python benchmarks/simulator_fidelity.py --out benchmarks/results/simulator_fidelity
 """
@@ -50,6 +50,7 @@ MODELS = ("googlenet", "squeezenet1_1", "densenet121", "bert_small", "resnet18",
 KINDS = {"googlenet": "branches", "squeezenet1_1": "branches", "densenet121": "branches", "bert_small": "branches",
          "resnet18": "chain", "lstm_lm": "chain"}
 log = logging.getLogger("simulator_fidelity")
+DEFAULT_OUT = Path("benchmarks/results/simulator_fidelity")
 
 
 def inputs_for(specs, graph, seed: int) -> list[np.ndarray]:
@@ -316,7 +317,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=None, help="model size option (zoo default when omitted)")
     parser.add_argument("--no-host-speed", action="store_true",
                         help="skip timing the calibration suite per model (the 'host speed now' columns)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/simulator_fidelity"))
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--summary", default="hetpart/driver/data/simulator_fidelity.json",
                         help="where the report's summary goes ('' to skip)")
     parser.add_argument("--one-model", default="", help=argparse.SUPPRESS)      # a child: one model, then exit
@@ -349,7 +350,7 @@ def main() -> None:
     command = ("python benchmarks/simulator_fidelity.py --models " + args.models + f" --method {args.method} "
                f"--requests {args.requests} --rounds {args.rounds}" + (f" --size {args.size}" if args.size else "")
                + (" --no-host-speed" if args.no_host_speed else "")
-               + (f" --out {args.out.as_posix()}" if args.out != Path("benchmarks/results/simulator_fidelity") else ""))
+               + (f" --out {args.out.as_posix()}" if args.out != DEFAULT_OUT else ""))
     summary = {"config": "cpu-core-devices", "devices": "two CPU devices, one core each", "host_cpu": host_cpu_label(),
                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": len(records),
                "median_abs_rel_error": statistics.median(errors), "worst_abs_rel_error": max(errors),

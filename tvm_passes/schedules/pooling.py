@@ -4,7 +4,7 @@ TOPI legalizes a pool into a padding block (when the pool pads, or rounds its ou
 ``out[n, c, oh, ow] = max/sum over (rh, rw) of in[n, c, oh*s + rh, ow*s + rw]`` and, for average pooling, a
 division block.  The row-reduction rule ran it as one parallel loop over every output element, the padding
 inlined as a bounds test on every load and each element's indices recovered by division from the fused loop.
-On 2-core Zen 3 guests that ran 3-10x behind this rule (and onnxruntime's pooling).
+On a 2-core Zen 4 guest that ran 3-8x behind onnxruntime's pooling (SqueezeNet's three pools: 774 against 133 us).
 
 This rule runs the output planes in parallel (every leading loop that is not a window axis, e.g. batch and
 channel) and materialises the padded input of one plane at a time inside the parallel loop, so the window loops
