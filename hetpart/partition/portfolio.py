@@ -18,10 +18,11 @@ segment in ``config.dispatch_overhead_us_by_device``, which ``hetpart compile --
 still descends on one request's simulated makespan, then every start, every local optimum and the final plan are
 simulated as the task runtime runs them (``hetpart.simulate_requests``: segments, their overhead, N requests in
 flight) and the one with the smallest N-request makespan is chosen (``plan.stats["requests_objective"]``). The
-baselines are among them. The chosen plan is then improved by moves scored on that objective itself
-(``request_search.improve_for_requests``: whole segments, clusters and related pairs of clusters to another
-device), which takes only improvements, so the plan is never worse than ``all_cpu``, ``all_gpu``, ``greedy`` or
-``heft`` on that objective either.
+baselines are among them, and so are two-stage pipelines cut from the final plan's issue order
+(``request_search.pipeline_cut_starts``), which a chain needs: its single-request starts all keep it on one device.
+The chosen plan is then improved by moves scored on that objective itself (``request_search.improve_for_requests``:
+whole segments, clusters and related pairs of clusters to another device), which takes only improvements, so the
+plan is never worse than ``all_cpu``, ``all_gpu``, ``greedy`` or ``heft`` on that objective either.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from hetpart.partition.cp_greedy import IMPROVEMENT_REL_TOL, Correction, Outcome
 from hetpart.partition.greedy import greedy_assignment
 from hetpart.partition.heft import heft_schedule
 from hetpart.partition.request_score import choose_for_requests, wants_request_objective
-from hetpart.partition.request_search import improve_for_requests
+from hetpart.partition.request_search import improve_for_requests, pipeline_cut_starts
 from hetpart.partition.single_device import single_device_assignment
 from hetpart.plan import Plan
 
@@ -95,7 +96,8 @@ def search(problem: Problem) -> tuple[list[int], list[int], float, dict[str, Any
              "evaluations": correction.evaluations, "budget": correction.budget}
     if not wants_request_objective(problem):
         return result.dev, result.order, result.makespan_us, stats
-    candidates.append((f"{start_name}+perturbation", result.dev, result.order))
+    single_request_best = (f"{start_name}+perturbation", result.dev, result.order)
+    candidates += pipeline_cut_starts(problem, result.order) + [single_request_best]
     chosen, scores = choose_for_requests(problem, candidates, "portfolio")
     name, dev, order = candidates[chosen]
     dev, refined, search_stats = improve_for_requests(problem, dev, order, correction.groups, "portfolio")

@@ -28,13 +28,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from hetpart.partition.common import Problem
 from hetpart.partition.cp_greedy import IMPROVEMENT_REL_TOL
 from hetpart.partition.request_score import Score, runtime_model, score_assignment
 from hetpart.plan import Plan
 from hetpart.segments import segment_plan
 
-__all__ = ["improve_for_requests", "request_search_budget"]
+__all__ = ["improve_for_requests", "pipeline_cut_starts", "request_search_budget"]
 
 # One N-request simulation costs about (ops + edges) x requests steps, measured at ~3 µs each in CPython (11 ms
 # for 150 synthetic ops and 16 requests, 80 ms for 600, 325 ms for 2,000); this many steps keep the search to about
@@ -49,6 +51,41 @@ def request_search_budget(problem: Problem) -> int:
     [MIN_REQUEST_EVALUATIONS, MAX_REQUEST_EVALUATIONS]."""
     size = (problem.n + sum(len(p) for p in problem.model.preds) + 1) * max(1, problem.config.requests)
     return int(min(MAX_REQUEST_EVALUATIONS, max(MIN_REQUEST_EVALUATIONS, REQUEST_SEARCH_WORK // size)))
+
+
+PIPELINE_CUT_SHIFTS = (-0.1, -0.05, 0.0, 0.05, 0.1)     # cuts tried around the balanced one, as shares of the ops
+
+
+def pipeline_cut_starts(problem: Problem, order: Sequence[int]) -> list[tuple[str, list[int], list[int]]]:
+    """Two-stage pipelines as starts for the N-request objective: for each ordered pair of devices (a, b), the
+    ops of a prefix of ``order`` on ``a`` and the rest on ``b`` (an op that may not run there goes to its fastest
+    allowed device), cut where the predicted work of the two stages is most even and a few ops either side.
+
+    A prefix of a topological order is closed under predecessors, so each cut is two segments with edges one
+    way. A chain (an LSTM language model, a ResNet) gains nothing from a split for one request, so the
+    single-request search offers only single-device plans there, and moving clusters one by one from those
+    rarely reaches a balanced pipeline within the search's budget; these starts give it one directly."""
+    order = [int(i) for i in order]
+    n, starts = len(order), []
+    if n < 2 or problem.n_dev < 2:
+        return starts
+    for a in range(problem.n_dev):
+        for b in range(problem.n_dev):
+            if a == b:
+                continue
+            dev_a = [problem.place_or_fallback(i, a) for i in order]
+            dev_b = [problem.place_or_fallback(i, b) for i in order]
+            work_a = np.concatenate(([0.0], np.cumsum([problem.lat[i, d] for i, d in zip(order, dev_a)])))
+            work_b = np.concatenate(([0.0], np.cumsum([problem.lat[i, d] for i, d in zip(order, dev_b)][::-1])))
+            stage_max = np.maximum(work_a, work_b[::-1])      # cut k: order[:k] on a, order[k:] on b
+            balanced = int(np.argmin(stage_max))
+            cuts = sorted({min(n - 1, max(1, balanced + int(round(shift * n)))) for shift in PIPELINE_CUT_SHIFTS})
+            for k in cuts:
+                dev = [0] * problem.n
+                for pos, i in enumerate(order):
+                    dev[i] = dev_a[pos] if pos < k else dev_b[pos]
+                starts.append((f"pipeline {problem.names[a]}->{problem.names[b]} at {k}/{n}", dev, list(order)))
+    return starts
 
 
 def _better(score: Score, best: Score) -> bool:

@@ -16,7 +16,8 @@ from hetpart.partition.common import Problem
 from hetpart.partition.cp_greedy import clusters
 from hetpart.partition.request_score import runtime_model, score_assignment
 from hetpart.partition.request_search import (MAX_REQUEST_EVALUATIONS, MIN_REQUEST_EVALUATIONS,
-                                              improve_for_requests, request_search_budget)
+                                              improve_for_requests, pipeline_cut_starts, request_search_budget)
+from tests.hetpart.conftest import tiny_problem
 from tests.hetpart.partition.dags import random_dag
 
 
@@ -74,3 +75,41 @@ def test_portfolio_reaches_the_best_assignment_of_small_graphs_on_the_n_request_
     gaps = np.asarray(gaps)
     assert np.all(gaps >= -1e-9)
     assert np.sum(gaps < 1e-9) >= 36 and gaps.max() <= 0.05, (np.sum(gaps < 1e-9), gaps.max())
+
+
+@settings(max_examples=30, deadline=None)
+@given(n_ops=st.integers(2, 12), dense=st.booleans(), seed=st.integers(0, 10_000))
+def test_pipeline_cut_starts_are_prefix_cuts_on_allowed_devices(n_ops, dense, seed):
+    graph, costs = random_dag(n_ops, dense, seed)
+    problem = Problem(graph, costs, _config(costs, 16, 30.0), "test")
+    order = problem.rank_order([problem.host] * problem.n)
+    starts = pipeline_cut_starts(problem, order)
+    assert starts, "two devices and at least two ops give at least one cut"
+    for name, dev, start_order in starts:
+        assert start_order == list(order)
+        assert all(problem.allowed[v, d] for v, d in enumerate(dev))
+        first, second = (problem.names.index(s) for s in name.split()[1].split("->"))
+        k = int(name.split()[-1].split("/")[0])
+        assert 1 <= k < n_ops
+        for pos, v in enumerate(order):     # prefix on the first device, the rest on the second, where allowed
+            wanted = first if pos < k else second
+            assert dev[v] == problem.place_or_fallback(v, wanted)
+
+
+def test_portfolio_pipelines_a_chain_across_two_equal_devices_for_many_requests():
+    """A chain gains nothing from a split for one request, so every single-request start keeps it on one device;
+    with 16 requests in flight a two-stage pipeline nearly halves the period, and the pipeline starts reach it."""
+    n_ops = 40
+    graph, costs = tiny_problem([(100.0, 100.0)] * n_ops, [(i, i + 1, 4) for i in range(n_ops - 1)],
+                                input_consumers=[0], input_bytes=4, outputs=[(n_ops - 1, 4)])
+    config = _config(costs, 16, 30.0)
+    problem = Problem(graph, costs, config, "test")
+    runtime = runtime_model(problem.config, problem.names)
+    one_device = score_assignment(problem, [0] * n_ops, list(range(n_ops)), "test", runtime)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegeneratePlanWarning)
+        plan = get_method("portfolio")(graph, costs, config)
+    assert set(plan.device_of) == set(costs.device_names)
+    dev = [costs.device_names.index(d) for d in plan.device_of]
+    piped = score_assignment(problem, dev, list(plan.order), "test", runtime)
+    assert piped.period_us < 0.6 * one_device.period_us
