@@ -22,10 +22,13 @@ simulations (:func:`request_search_budget`) is spent. The issue order is kept (i
 runtime's workers pick ready segments by it). The result is never worse than the plan it started from, since that
 plan is scored first and only strict improvements are taken.
 
+It also makes the two-stage pipeline cuts portfolio adds to its N-request choice (:func:`pipeline_cut_starts`).
+
 Imports nothing outside the core.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import numpy as np
@@ -58,8 +61,9 @@ PIPELINE_CUT_SHIFTS = (-0.1, -0.05, 0.0, 0.05, 0.1)     # cuts tried around the 
 
 def pipeline_cut_starts(problem: Problem, order: Sequence[int]) -> list[tuple[str, list[int], list[int]]]:
     """Two-stage pipelines as starts for the N-request objective: for each ordered pair of devices (a, b), the
-    ops of a prefix of ``order`` on ``a`` and the rest on ``b`` (an op that may not run there goes to its fastest
-    allowed device), cut where the predicted work of the two stages is most even and a few ops either side.
+    ops of a prefix of ``order`` on ``a`` and the rest on ``b`` (an op that may not run there goes where
+    ``Problem.place_or_fallback`` puts it), cut where the predicted work of the two stages is most even and a few
+    ops either side.
 
     A prefix of a topological order is closed under predecessors, so each cut is two segments with edges one
     way. A chain (an LSTM language model, a ResNet) gains nothing from a split for one request, so the
@@ -69,22 +73,18 @@ def pipeline_cut_starts(problem: Problem, order: Sequence[int]) -> list[tuple[st
     n, starts = len(order), []
     if n < 2 or problem.n_dev < 2:
         return starts
-    for a in range(problem.n_dev):
-        for b in range(problem.n_dev):
-            if a == b:
-                continue
-            dev_a = [problem.place_or_fallback(i, a) for i in order]
-            dev_b = [problem.place_or_fallback(i, b) for i in order]
-            work_a = np.concatenate(([0.0], np.cumsum([problem.lat[i, d] for i, d in zip(order, dev_a)])))
-            work_b = np.concatenate(([0.0], np.cumsum([problem.lat[i, d] for i, d in zip(order, dev_b)][::-1])))
-            stage_max = np.maximum(work_a, work_b[::-1])      # cut k: order[:k] on a, order[k:] on b
-            balanced = int(np.argmin(stage_max))
-            cuts = sorted({min(n - 1, max(1, balanced + int(round(shift * n)))) for shift in PIPELINE_CUT_SHIFTS})
-            for k in cuts:
-                dev = [0] * problem.n
-                for pos, i in enumerate(order):
-                    dev[i] = dev_a[pos] if pos < k else dev_b[pos]
-                starts.append((f"pipeline {problem.names[a]}->{problem.names[b]} at {k}/{n}", dev, list(order)))
+    for a, b in itertools.permutations(range(problem.n_dev), 2):
+        dev_a = [problem.place_or_fallback(i, a) for i in order]
+        dev_b = [problem.place_or_fallback(i, b) for i in order]
+        work_a = np.concatenate(([0.0], np.cumsum([problem.lat[i, d] for i, d in zip(order, dev_a)])))
+        work_b = np.concatenate(([0.0], np.cumsum([problem.lat[i, d] for i, d in zip(order, dev_b)][::-1])))
+        balanced = int(np.argmin(np.maximum(work_a, work_b[::-1])))     # cut k: order[:k] on a, order[k:] on b
+        cuts = sorted({min(n - 1, max(1, balanced + int(round(shift * n)))) for shift in PIPELINE_CUT_SHIFTS})
+        for k in cuts:
+            dev = [0] * problem.n
+            for pos, i in enumerate(order):
+                dev[i] = dev_a[pos] if pos < k else dev_b[pos]
+            starts.append((f"pipeline {problem.names[a]}->{problem.names[b]} at {k}/{n}", dev, list(order)))
     return starts
 
 
