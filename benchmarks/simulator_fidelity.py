@@ -160,6 +160,40 @@ def measure_tasks(rt, args, requests: int, rounds: int, min_calls: int, min_seco
             "segment_us_in_flight": {k: statistics.median(v) for k, v in in_flight.items()}}
 
 
+def paired_tasks_vs_sequential(rt, compiled, args, core: int, pairs: int) -> dict:
+    """One request through the task runtime against the same plan's sequential executable with the calling thread's
+    pool on one core (what each of the runtime's one-core workers has), alternated call by call (ABBA) so that the
+    host's drift falls on both: the median of the paired differences is the runtime's cost or gain over running
+    the same kernels one after another."""
+    from tvm_passes.thread_pool import restricted_pool
+
+    def sequential_us() -> float:
+        with restricted_pool(1, (core,)):
+            t0 = time.perf_counter()
+            compiled(*args)
+            return (time.perf_counter() - t0) * 1e6
+
+    def tasks_us() -> float:
+        t0 = time.perf_counter()
+        rt(*args)
+        return (time.perf_counter() - t0) * 1e6
+
+    sequential_us(), tasks_us()
+    tasks, sequential = [], []
+    for k in range(pairs):
+        if k % 2:
+            sequential.append(sequential_us())
+            tasks.append(tasks_us())
+        else:
+            tasks.append(tasks_us())
+            sequential.append(sequential_us())
+    differences = sorted(t - s for t, s in zip(tasks, sequential))
+    return {"pairs": pairs, "tasks_us": statistics.median(tasks),
+            "sequential_one_core_us": statistics.median(sequential),
+            "difference_us": statistics.median(differences),
+            "difference_quartiles_us": [differences[len(differences) // 4], differences[3 * len(differences) // 4]]}
+
+
 def costs_from_measured_segments(compiled, segment_us: dict) -> object:
     """The plan's cost table with each kernel's latency on its planned device scaled so that every runtime segment's
     kernels add up to that segment's measured time: the simulator then sees measured work, and what is left of its
@@ -200,6 +234,7 @@ def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args,
     x = inputs_for(compiled.build.manifest.inputs, compiled.op_graph, seed=0)
     with TaskRuntime(compiled.segments, trace=True) as rt:
         measured = measure_tasks(rt, x, args.requests, args.rounds, args.min_calls, args.min_seconds)
+        paired = paired_tasks_vs_sequential(rt, compiled, x, cores[0], args.pairs)
     with restricted_pool(1, (cores[0],)):
         one_core_us = median_latency_us(single, x, args.min_calls, args.min_seconds)
     two_threads_us = median_latency_us(single, x, args.min_calls, args.min_seconds)
@@ -245,10 +280,15 @@ def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args,
             record.update({"predicted_at_host_speed_now_us": at_now, "host_speed_now_rel_error": at_now / got - 1.0,
                            "host_speed_drift": host["drift"]})
         records.append(record)
-    extra = {"model": name, "one_core_us": one_core_us, "two_threads_us": two_threads_us,
+    extra = {"model": name, "segments": segments, "one_core_us": one_core_us, "two_threads_us": two_threads_us,
              "sequential_same_plan_us": same_plan_sequential_us,
              "tasks_minus_sequential_per_segment_us":
                  (measured["one_request_us"] - same_plan_sequential_us) / segments,
+             # the goal: one request never slower than the same kernels run one after another on one core by more
+             # than the runtime's measured overhead (per segment, plus admission and completion once)
+             "tasks_vs_sequential_one_core": paired,
+             "overhead_allowance_us": segments * overhead.overhead_us + overhead.admission_us
+             + overhead.completion_us,
              "tasks_one_request_us": measured["one_request_us"], "tasks_period_us": measured["period_us"],
              "periods_us": measured["periods_us"], "segment_runs_us": measured["segment_runs_us"],
              "kernels_predicted_us": kernel_predicted_us,
@@ -276,7 +316,8 @@ def table(records: list[dict], extras: list[dict], requests: int) -> list[str]:
                      f"{r['predicted_from_measured_segments_us']:,.0f} | {r['runtime_model_rel_error']:+.1%} | "
                      f"{r['predicted_from_in_flight_segments_us']:,.0f} | "
                      f"{r['runtime_model_in_flight_rel_error']:+.1%} |")
-    lines += ["", "| model | 1 core, sequential (µs) | 2 threads, sequential (µs) | same plan, sequential (µs) | "
+    lines += ["", "| model | 1 core, sequential (µs) | 2 threads, sequential (µs) | "
+              "same plan, sequential, 2 threads (µs) | "
               f"tasks, 1 request (µs) | tasks, period of {requests} (µs) | 1 request vs 1 core | "
               "throughput vs 1 core | throughput vs 2 threads | tasks - sequential per segment (µs) | "
               "kernels predicted / measured |",
@@ -288,6 +329,18 @@ def table(records: list[dict], extras: list[dict], requests: int) -> list[str]:
                      f"{e['speedup_one_request_vs_one_core']:.2f}x | {e['throughput_vs_one_core']:.2f}x | "
                      f"{e['throughput_vs_two_threads']:.2f}x | {e['tasks_minus_sequential_per_segment_us']:,.0f} | "
                      f"{1 + e['cost_rel_error']:.2f} |")
+    lines += ["", "One request, the task runtime against the same plan's sequential executable on one core (the "
+              "calling thread's pool on the first core: what each worker has), alternated call by call; the goal is a "
+              "difference no larger than the runtime's measured overhead (per segment, plus admission and completion):",
+              "", "| model | segments | pairs | tasks (µs) | sequential, 1 core (µs) | tasks - sequential, median "
+              "(quartiles) (µs) | overhead allowance (µs) | within |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for e in extras:
+        p = e["tasks_vs_sequential_one_core"]
+        low, high = p["difference_quartiles_us"]
+        lines.append(f"| {e['model']} | {e['segments']} | {p['pairs']} | {p['tasks_us']:,.0f} | "
+                     f"{p['sequential_one_core_us']:,.0f} | {p['difference_us']:+,.0f} ({low:+,.0f} .. {high:+,.0f}) | "
+                     f"{e['overhead_allowance_us']:,.0f} | "
+                     f"{'yes' if p['difference_us'] <= e['overhead_allowance_us'] else 'no'} |")
     return lines
 
 
@@ -313,6 +366,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-calls", type=int, default=10)
+    parser.add_argument("--pairs", type=int, default=40,
+                        help="alternated single requests, task runtime vs the same plan sequential on one core")
     parser.add_argument("--min-seconds", type=float, default=2.0)
     parser.add_argument("--size", type=int, default=None, help="model size option (zoo default when omitted)")
     parser.add_argument("--no-host-speed", action="store_true",
