@@ -59,9 +59,19 @@ RESULTS = REPO / "benchmarks" / "results"
 DEFAULT_CPU_PREDICTOR = "predictors/data/cpu_default.json"
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 PRESETS = ("p2200", "t4", "a100", "rtx3090", "jetson-orin")
-OVERHEAD_US = 76.1          # benchmarks/results/dispatch_overhead: the task runtime's measured cost per segment
+OVERHEAD_RECORD = RESULTS / "dispatch_overhead" / "dispatch_overhead.json"   # benchmarks/dispatch_overhead.py
 GAIN_PUBLISHED = (0.14, 0.38)
 BASELINES = ("all_cpu", "all_gpu", "cp_greedy")
+
+
+def measured_overhead_us() -> float:
+    """The task runtime's cost per segment, as ``benchmarks/dispatch_overhead.py`` last measured it (rounded to
+    0.1 us); rerun that benchmark on the host whose runtime the sweep should model."""
+    try:
+        return round(float(json.loads(OVERHEAD_RECORD.read_text())["overhead_per_segment_us"]), 1)
+    except (OSError, KeyError, ValueError) as err:
+        raise SystemExit(f"no measured overhead per segment in {OVERHEAD_RECORD} ({err}); run "
+                         "benchmarks/dispatch_overhead.py first or pass --overhead-us") from err
 
 
 @dataclass(frozen=True)
@@ -267,8 +277,8 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         "# RNN time-slice pipeline: timeslice against single devices, cp_greedy and request load balancing", "",
         f"Command: `{meta['command']}` ({meta['date']}, {meta['host']}; {meta['wall_s']:.0f} s). Every figure is "
         "simulated by `hetpart.simulate_requests` (one worker per device running whole segments, "
-        f"{meta['overhead_us']} us per segment on every device: the task runtime's measured overhead in "
-        "[dispatch_overhead](../dispatch_overhead/README.md)); nothing here is a measurement of a run.", "",
+        f"{meta['overhead_us']} us per segment on every device: {meta['overhead_source']}); nothing here is a "
+        "measurement of a run.", "",
         f"Costs: {meta['costs']}", "",
         "Models: stacked ONNX LSTM/GRU/RNN nodes built in code (seeded random weights), input `x[seq, batch, "
         "hidden]`, unrolled by hetpart's importer with the input projection hoisted over all steps (the default); "
@@ -346,16 +356,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base", default="LSTM,2,512,32,1", help="cell,layers,hidden,seq,batch")
     parser.add_argument("--only-base", action="store_true", help="the base configuration only")
     parser.add_argument("--slice-steps", type=int, default=1)
-    parser.add_argument("--overhead-us", type=float, default=OVERHEAD_US)
+    parser.add_argument("--overhead-us", type=float, default=None,
+                        help="the runtime's cost per segment (default: benchmarks/results/dispatch_overhead)")
     parser.add_argument("--ablation", default="hoisted:1,per_slice:4,per_slice:8",
                         help="projection:slice_steps pairs tried on the base configuration ('' for none)")
     parser.add_argument("--ablation-presets", default="p2200,a100")
-    parser.add_argument("--ablation-overheads", default=f"{OVERHEAD_US},10",
-                        help="overheads per segment (us) of the ablation")
+    parser.add_argument("--ablation-overheads", default="measured,10",
+                        help="overheads per segment (us) of the ablation ('measured': --overhead-us)")
     parser.add_argument("--cpu-predictor", default=DEFAULT_CPU_PREDICTOR)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--name", default="rnn_pipeline")
     args = parser.parse_args(argv)
+    overhead_source = "given by --overhead-us"
+    if args.overhead_us is None:
+        args.overhead_us = measured_overhead_us()
+        overhead_source = "the task runtime's overhead measured in [dispatch_overhead](../dispatch_overhead/README.md)"
     started = time.time()
     presets = [p for p in args.presets.split(",") if p]
     counts = [int(n) for n in args.requests.split(",")]
@@ -380,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             row["request_balance"]["batch"]["throughput_per_s"], row["timeslice"]["planner_cpu_s"])
     ablation = []
     hoisted_single: dict[tuple[str, float, int], float] = {}
-    overheads = [float(v) for v in args.ablation_overheads.split(",") if v]
+    overheads = [args.overhead_us if v == "measured" else float(v) for v in args.ablation_overheads.split(",") if v]
     for projection, k in [(p, int(k)) for p, k in (item.split(":") for item in args.ablation.split(",") if item)]:
         graph = kernel_graph(base, work, k if projection == "per_slice" else None)
         for preset, costs in cost_tables(graph, args.ablation_presets.split(","), predictor).items():
@@ -400,7 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 logger.info("ablation %s k=%d %s overhead %.0f us done", projection, k, preset, overhead)
     meta = {"command": "python benchmarks/rnn_pipeline.py " + " ".join(shlex.quote(a) for a in argv),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node() or "unknown",
-            "wall_s": time.time() - started, "overhead_us": args.overhead_us, "presets": presets,
+            "wall_s": time.time() - started, "overhead_us": args.overhead_us, "overhead_source": overhead_source,
+            "presets": presets,
             "requests": counts, "base": base.name, "slice_steps": args.slice_steps,
             "costs": f"CPU latencies from the shipped CPU latency predictor `{args.cpu_predictor}` (fitted to measured "
                      "kernel times, used as shipped, not scaled to this host), GPU latencies from the analytic "

@@ -2,9 +2,10 @@
 
 ``vdevice_order`` puts the plan's devices in vdevice-index order (the host CPU first, see ``host_device``) and
 ``make_vdevices`` declares one vdevice per device; ``runtime_device`` maps a vdevice back to the runtime device
-it stands for; ``tensor_vdevices`` / ``map_type_vdevices`` read and rewrite the vdevices in a type, and
-``retarget_vdevices`` re-maps the declared vdevices of an annotated module (the build uses it to compile a GPU
-vdevice for a second CPU device when emulating, or to apply another CPU target).
+it stands for; ``single_vm_plan`` folds a plan's CPU core groups into the host for the one-VM executable;
+``tensor_vdevices`` / ``map_type_vdevices`` read and rewrite the vdevices in a type, and ``retarget_vdevices``
+re-maps the declared vdevices of an annotated module (the build uses it to compile a GPU vdevice for a second CPU
+device when emulating, or to apply another CPU target).
 """
 from __future__ import annotations
 
@@ -48,6 +49,23 @@ def vdevice_order(plan: Plan, devices: DeviceSet) -> list[DeviceSpec]:
         raise InvalidPlanError(f"plan devices {list(plan.devices)} must include the host CPU {host.name!r}, "
                                "where model inputs arrive and outputs are returned")
     return [host] + [d for d in devices.devices if d.name in plan.devices and d.name != host.name]
+
+
+def single_vm_plan(plan: Plan, devices: DeviceSet) -> Plan:
+    """``plan`` as one VM on one host thread runs it: the ops of every CPU device on the host CPU.
+
+    CPU devices (core groups such as ``cpu:0,cpu:1``) share memory, and a single VM cannot keep them on separate
+    cores: it issues every kernel from the calling thread. Kept as separate vdevices they would only cost speed:
+    the weights of the non-host CPU ops become copies (so their convs lose the prepacked constant layout of the
+    CPU rules), tensors crossing between them are copied, and StaticPlanBlockMemory, safe with one device only,
+    is skipped. The task runtime (``segments=True``) is what runs core groups concurrently. GPU devices (real or
+    emulated) keep their ops."""
+    host = host_device(devices).name
+    cpus = {d.name for d in devices.devices if d.kind == "cpu"}
+    if not (cpus - {host}) & set(plan.devices):
+        return plan
+    merged = dict.fromkeys(host if name in cpus else name for name in plan.devices)
+    return plan.with_devices([host if d in cpus else d for d in plan.device_of], devices=tuple(merged))
 
 
 def make_vdevices(ordered: list[DeviceSpec]) -> list[relax.VDevice]:

@@ -251,6 +251,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     from tvm_passes.build import build, cuda_available, deployment_vdevices
     from tvm_passes.extract import extract_op_graph
     from tvm_passes.rnn import RnnImportOptions
+    from tvm_passes.vdevices import single_vm_plan
     from tvm_passes.tuning_db import default_database_dir, has_database
 
     say = progress or (lambda msg: log.info("%s", msg))
@@ -324,8 +325,9 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     op_plan = expand_plan(chosen, graph, op_graph)
     emulate = (not cuda_available()) if emulate_gpu is None else emulate_gpu
     say("compiling" + (" (GPU emulated on a second CPU device: no CUDA here)" if emulate and choice.gpu_preset is not None else ""))
-    annotated = annotate_module(imported.mod, op_plan, choice.devices,
-                                deployment_vdevices(op_plan, choice.devices, emulate_gpu=emulate))
+    one_vm_plan = single_vm_plan(op_plan, choice.devices)      # CPU core groups share the host's VM
+    annotated = annotate_module(imported.mod, one_vm_plan, choice.devices,
+                                deployment_vdevices(one_vm_plan, choice.devices, emulate_gpu=emulate))
     tuning = default_database_dir()
     built = build(annotated, choice.devices, emulate_gpu=emulate,
                   tuning_database=tuning if has_database(tuning) else None)

@@ -37,6 +37,11 @@ def test_two_cpu_devices_compile_and_run_pinned(compiled):
     session = ort.InferenceSession(compiled.source["onnx_path"], providers=["CPUExecutionProvider"])
     (reference,) = session.run(None, {session.get_inputs()[0].name: x})
     np.testing.assert_allclose(compiled(x)[0], reference, rtol=1e-4, atol=1e-4)       # one VM, two devices
+    # one VM on one thread cannot keep core groups apart: its executable has the host only, so no weight copies,
+    # no copies between the groups, and memory planned as for one device
+    assert [d["name"] for d in compiled.build.manifest.devices if d["used"]] == ["cpu0"]
+    stats = compiled.build.stats
+    assert stats["plan_memory"] and stats["weight_uploads"] == 0 and stats["copies_per_call"] == 0
     with TaskRuntime(compiled.segments, trace=True) as rt:
         assert rt.worker_cores == {"cpu0": (CORES[0],), "cpu1": (CORES[1],)}
         assert not rt.emulated and "EMULATED" not in repr(rt)
