@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -15,6 +16,7 @@ from tvm import relax
 from hetpart.errors import BuildError, InputMismatchError, SchemaError
 from tvm_passes.host_tensors import to_host_tensor, to_numpy
 from tvm_passes.native_log import native_output_to_log
+from tvm_passes.virtual_machine import new_virtual_machine
 
 logger = logging.getLogger(__name__)
 
@@ -92,16 +94,21 @@ class BuildResult:
     manifest_path: Path | None = None
     cpu_schedules_applied: bool = False
     stats: Mapping[str, Any] = field(default_factory=dict)
+    _per_thread: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
-        """Run ``main`` on a fresh VM (devices from the manifest); returns every output as numpy, on the host."""
+        """Run ``main`` (devices from the manifest); returns every output as numpy, on the host. Each calling thread
+        gets one VM, made at its first call (a VM is not thread-safe; weights are uploaded once per VM)."""
         expected = [(tuple(i["shape"]), i["dtype"]) for i in self.manifest.inputs]
         found = [(tuple(np.shape(x)), str(np.asarray(x).dtype)) for x in inputs]
         if found != expected:
             raise InputMismatchError(f"main takes inputs (shape, dtype) {expected}; found {found}")
-        vm = relax.VirtualMachine(self.executable, self.manifest.runtime_devices())
+        state = self._per_thread
+        if getattr(state, "main", None) is None:
+            state.vm, _ = new_virtual_machine(self.executable, self.manifest.runtime_devices())
+            state.main = self.manifest.main_caller(state.vm)
         host = tvm.cpu(0)
-        result = self.manifest.main_caller(vm)(*[to_host_tensor(np.asarray(x), host) for x in inputs])
+        result = state.main(*[to_host_tensor(np.asarray(x), host) for x in inputs])
         return [to_numpy(t) for t in _flatten_outputs(result)]
 
     def cuda_source(self) -> str:

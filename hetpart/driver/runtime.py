@@ -19,6 +19,7 @@ from hetpart.errors import BuildError, SchemaError, UsageError
 from hetpart.driver.inputs import check_inputs
 from hetpart.threads import ensure_tvm_threads
 from tvm_passes.host_tensors import to_host_tensor, to_numpy
+from tvm_passes.virtual_machine import new_virtual_machine
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,6 @@ class CompiledRuntime:
     def __init__(self, directory: str | Path):
         ensure_tvm_threads()
         import tvm
-        from tvm import relax
-
         from tvm_passes.artifact import MANIFEST_NAME, BuildManifest
 
         self.directory = Path(directory)
@@ -54,7 +53,6 @@ class CompiledRuntime:
                 self._executable = tvm.runtime.load_module(str(library))
         except Exception as exc:
             raise BuildError(f"cannot load {library}: {exc}") from exc
-        self._relax = relax
         self._tvm = tvm
         self.index_bounds = recorded_index_bounds(self.directory)
         self._vm = None
@@ -77,7 +75,7 @@ class CompiledRuntime:
         arrays = check_inputs(self.manifest.inputs, args, named, self.index_bounds)
         if self._vm is None:  # one VM per runtime object; a VM is not thread-safe (share the directory instead)
             devices = self.manifest.runtime_devices()
-            self._vm = self._relax.VirtualMachine(self._executable, devices)
+            self._vm, _ = new_virtual_machine(self._executable, devices)
             self._main = self.manifest.main_caller(self._vm)   # uploads GPU weights once, then calls main
         host = self._tvm.cpu(0)
         result = self._main(*[to_host_tensor(a, host) for a in arrays])

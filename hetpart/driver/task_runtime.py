@@ -50,6 +50,7 @@ from hetpart.driver.inputs import check_inputs
 from hetpart.threads import ensure_tvm_threads
 from tvm_passes.host_tensors import to_host_tensor, to_numpy
 from tvm_passes.thread_pool import configure_pool
+from tvm_passes.virtual_machine import new_virtual_machine
 
 if TYPE_CHECKING:
     from hetpart.segments import Segmentation
@@ -338,8 +339,6 @@ class TaskRuntime:
 
     def _loop(self, worker: _Worker) -> None:
         try:
-            from tvm import relax
-
             if worker.threads is not None:
                 configure_pool(self._tvm.get_global_func("runtime.config_threadpool"), worker.threads, worker.cores)
             if hasattr(os, "sched_getaffinity"):
@@ -348,9 +347,10 @@ class TaskRuntime:
             if on_cuda:                   # its own stream; segments end with a sync of that stream
                 worker.stream = worker.runtime_device.create_raw_stream()
                 worker.runtime_device.set_raw_stream(worker.stream)
-            vm = relax.VirtualMachine(self.build.gpu_executable if on_cuda else self.build.executable,
-                                      worker.runtime_device)
-            calls = {f.segment: vm[f.name] for f in self.program.functions if f.device == worker.device}
+            mine = [f for f in self.program.functions if f.device == worker.device]
+            vm, by_name = new_virtual_machine(self.build.gpu_executable if on_cuda else self.build.executable,
+                                              worker.runtime_device, [f.name for f in mine])    # vm lives on
+            calls = {f.segment: by_name[f.name] for f in mine}
         except BaseException as exc:  # noqa: BLE001 (reported by the constructor)
             worker.error = exc
             worker.ready.set()
