@@ -404,9 +404,9 @@ def main() -> None:
         got, extra = run_model(args.one_model, spec, cores, args.method, args, speed)
         args.result_file.write_text(json.dumps({"records": got, "extra": extra}, default=str))
         sys.stdout.flush()
-        # skip the interpreter's teardown: destroying a model's TVM executables segfaulted there (in
-        # VMExecutable::~VMExecutable) in 3 of 5 runs of all six models in one process, each time after a
-        # model's record was complete; each model now runs in its own process, which leaves without it
+        # each model runs in a process of its own, left without the interpreter's teardown: the segfaults once
+        # seen there (VMExecutable::~VMExecutable) came from two workers making their VMs at once, which
+        # tvm_passes.virtual_machine now prevents; the separate processes keep one model's memory off the next
         os._exit(0)
     for name in [m for m in args.models.split(",") if m]:
         got, extra = run_in_child(name, sys.argv[1:])
