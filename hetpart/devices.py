@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from hetpart.errors import InvalidPlanError, UnknownDeviceError
 
@@ -181,6 +181,17 @@ def preset_links(preset: str, cpu: str = "cpu", gpu: str = "gpu") -> tuple[Link,
             Link(gpu, cpu, p.host_link_bandwidth_bytes_per_s, p.host_link_latency_us, "datasheet"))
 
 
+def interchangeable_cpu_groups(devices: Iterable[tuple[str, str, Sequence[int]]]) -> tuple[tuple[str, ...], ...]:
+    """Groups (two or more, in the order given) of CPU devices (name, kind, cores) that are core groups of one host
+    with as many cores each: a segment planned on one runs as fast on another, so the task runtime lets a worker
+    with nothing of its own to do run a newly ready segment of the others itself (docs/runtime_model.md)."""
+    by_size: dict[int, list[str]] = {}
+    for name, kind, cores in devices:
+        if kind == "cpu" and len(cores) > 0:
+            by_size.setdefault(len(cores), []).append(str(name))
+    return tuple(tuple(names) for names in by_size.values() if len(names) > 1)
+
+
 @dataclass(frozen=True)
 class DeviceSet:
     """The devices of one plan plus the links between every ordered pair of distinct devices."""
@@ -226,6 +237,13 @@ class DeviceSet:
                 if a != b:
                     self.link(a, b)
         return self
+
+    def interchangeable_groups(self) -> tuple[tuple[str, ...], ...]:
+        """Groups of devices whose task-runtime workers may run each other's segments (``interchangeable_cpu_groups``),
+        keeping only pairs joined by shared-memory links."""
+        groups = interchangeable_cpu_groups((d.name, d.kind, d.cores) for d in self.devices)
+        shared = [tuple(n for n in g if all(self.link(n, m).shared_memory for m in g if m != n)) for g in groups]
+        return tuple(g for g in shared if len(g) > 1)
 
     def with_device(self, device: DeviceSpec) -> "DeviceSet":
         return replace(self, devices=tuple(device if d.name == device.name else d for d in self.devices))

@@ -38,6 +38,10 @@ class RuntimeModel:
     # a completion admits the next waiting request only once the result is out (``max_in_flight``).
     admission_us: float = 0.0
     completion_us: float = 0.0
+    # With copies="consumer" and the "priority" policy: a worker that ends a segment and then has no ready segment
+    # of its own device runs the first newly ready segment of an interchangeable device itself (CPU core groups of
+    # one host with as many cores each, DeviceSet.interchangeable_groups), as the task runtime does
+    continuation: bool = True
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -47,6 +51,8 @@ class RuntimeModel:
             raise UsageError(f"dispatch_overhead_us_by_device must map device names to microseconds; found "
                              f"{self.dispatch_overhead_us_by_device!r}") from exc
         object.__setattr__(self, "dispatch_overhead_us_by_device", overheads)
+        if not isinstance(self.continuation, bool):
+            raise UsageError(f"continuation must be True or False; found {self.continuation!r}")
         for key in ("admission_us", "completion_us"):
             try:
                 object.__setattr__(self, key, float(getattr(self, key)))
@@ -78,7 +84,8 @@ class RuntimeModel:
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": self.schema_version, "worker_policy": self.worker_policy, "copies": self.copies,
                 "dispatch_overhead_us_by_device": dict(self.dispatch_overhead_us_by_device),
-                "admission_us": self.admission_us, "completion_us": self.completion_us}
+                "admission_us": self.admission_us, "completion_us": self.completion_us,
+                "continuation": self.continuation}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RuntimeModel":
@@ -89,6 +96,7 @@ class RuntimeModel:
                         copies=str(data.get("copies", "links")),     # written before copies were modelled
                         admission_us=data.get("admission_us", 0.0),   # written before they were modelled: 0
                         completion_us=data.get("completion_us", 0.0),
+                        continuation=data.get("continuation", False),   # written before it was modelled: off
                         schema_version=data["schema_version"])
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"RuntimeModel JSON is malformed ({type(exc).__name__}: {exc})") from exc

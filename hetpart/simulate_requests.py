@@ -24,6 +24,11 @@ The model of ``simulate_requests(graph, costs, plan, n_requests=N)`` (docs/runti
   a time. A request's segments may start ``RuntimeModel.admission_us`` after its admission; it completes
   ``RuntimeModel.completion_us`` after its last segment or copy ends (then the next waiting request is admitted);
   its latency is completion minus admission.
+* Continuation (``RuntimeModel.continuation``, with copies="consumer" and the "priority" policy): when a worker
+  ends a segment and no segment of its own device is ready, it runs the first newly ready segment (of the request
+  whose segment it ended, lowest id) of an interchangeable device (``DeviceSet.interchangeable_groups``: CPU core
+  groups of one host with as many cores each) itself, at that device's cost and overhead, instead of leaving it to
+  that device's worker. One request through a chain of segments then runs on one core, as the task runtime does.
 
 Memory is not checked (N requests in flight hold N sets of activations). Imports numpy only through
 ``hetpart.simulate`` (core rule).
@@ -127,7 +132,7 @@ class _Program:
 
 
 def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runtime: RuntimeModel,
-         serial: bool) -> RequestsTimeline:
+         serial: bool, groups: Sequence[Sequence[str]] = ()) -> RequestsTimeline:
     policy = runtime.worker_policy
     pending: list[tuple] = []                         # (time, seq, kind, payload)
     counter = itertools.count()
@@ -144,6 +149,13 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
     consumer = runtime.copies == "consumer"
     on_device: list[set[tuple]] = []                  # consumer copies: (copy key, device) already there
     segments_left = [prog.k] * n_req
+    ran_on: dict[tuple[int, int], int] = {}           # (request, segment) -> the worker running it
+    peers: list[set[int]] = [set() for _ in range(prog.n_dev)]     # continuation: the devices a worker may serve
+    if consumer and policy == "priority" and runtime.continuation:
+        for group in groups:
+            members = {names.index(n) for n in group}
+            for d in members:
+                peers[d] = members - {d}
 
     def copy_event(start: float, r: int, copy: _Copy, dst: int) -> float:
         end = start + copy.duration_us
@@ -200,11 +212,42 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         if not remaining[r]:
             complete(now, r)
 
-    def satisfy(r: int, segments: Sequence[int]) -> None:
+    def satisfy(r: int, segments: Sequence[int]) -> list[int]:
+        newly_ready = []
         for s in segments:
             deps[r][s] -= 1
             if not deps[r][s]:
                 ready(r, s)
+                newly_ready.append(s)
+        return newly_ready
+
+    def start_segment(now: float, w: int, r: int, s: int) -> None:
+        """Worker ``w`` starts segment ``s`` of request ``r`` (its own device's, or a peer's by continuation)."""
+        d = prog.dev[s]
+        worker_busy[w] = True
+        ran_on[(r, s)] = w
+        start = now
+        if consumer:
+            for pull in prog.pulls[s]:       # a peer shares the memory of the segment's device
+                if (pull.key, d) not in on_device[r]:
+                    on_device[r].add((pull.key, d))
+                    start = copy_event(start, r, pull, d)
+        end = start + prog.duration_us[s]
+        heapq.heappush(pending, (end, next(counter), "segment", (r, s)))
+        events.append(RequestEvent("segment", r, names[w], start, end, s))
+
+    def continue_with(now: float, w: int, r: int, newly_ready: Sequence[int]) -> None:
+        """Continuation: worker ``w``, just free and with nothing of its own device ready, runs the first newly
+        ready segment of a peer device itself."""
+        if not peers[w] or worker_queue[w]:
+            return
+        s = next((s for s in newly_ready if prog.dev[s] in peers[w]), None)
+        if s is None:
+            return
+        queue = worker_queue[prog.dev[s]]
+        queue.remove((r, s))
+        heapq.heapify(queue)
+        start_segment(now, w, r, s)
 
     def dispatch(now: float) -> None:
         for d in range(prog.n_dev):
@@ -218,16 +261,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                     continue
                 expected[d] = (er + 1, 0) if ek + 1 == len(prog.sequence[d]) else (er, ek + 1)
             heapq.heappop(queue)
-            worker_busy[d] = True
-            start = now
-            if consumer:
-                for pull in prog.pulls[s]:
-                    if (pull.key, d) not in on_device[r]:
-                        on_device[r].add((pull.key, d))
-                        start = copy_event(start, r, pull, d)
-            end = start + prog.duration_us[s]
-            heapq.heappush(pending, (end, next(counter), "segment", (r, s)))
-            events.append(RequestEvent("segment", r, names[d], start, end, s))
+            start_segment(now, d, r, s)
         for link, queue in link_queue.items():
             if queue and not link_busy.get(link):
                 link_busy[link] = True
@@ -242,17 +276,20 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         while pending and pending[0][0] == now:
             _t, _n, kind, (r, item) = heapq.heappop(pending)
             if kind == "segment" and consumer:
-                satisfy(r, prog.readers_of[item])
+                w = ran_on.pop((r, item))
+                newly_ready = satisfy(r, prog.readers_of[item])
                 segments_left[r] -= 1
                 if not segments_left[r] and prog.output_copies:    # this worker copies the outputs back
                     end = now
                     for copy in prog.output_copies:
                         end = copy_event(end, r, copy, copy.dst)
-                    heapq.heappush(pending, (end, next(counter), "outputs", (r, prog.dev[item])))
+                    heapq.heappush(pending, (end, next(counter), "outputs", (r, w)))
                     continue
-                worker_busy[prog.dev[item]] = False
+                worker_busy[w] = False
                 if not segments_left[r]:
                     complete(now, r)
+                else:
+                    continue_with(now, w, r, newly_ready)
             elif kind == "outputs":
                 worker_busy[item] = False
                 complete(now, r)
@@ -261,7 +298,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
             elif kind == "completed":
                 resolve(now, r)
             elif kind == "segment":
-                worker_busy[prog.dev[item]] = False
+                worker_busy[ran_on.pop((r, item))] = False
                 satisfy(r, prog.after_segment[item])
                 for copy in prog.copies_after[item]:
                     offer_copy(now, r, copy)
@@ -303,4 +340,4 @@ def simulate_requests(graph: OpGraph, costs: CostTable, plan: Plan, *, n_request
     model.check_supported(dev)
     seg = segment_plan(graph, plan) if segmentation is None else segmentation.validate(graph, plan)
     return _run(_Program(model, seg, dev, runtime), model.names, n_requests, in_flight, runtime,
-                model.config.serial_links)
+                model.config.serial_links, costs.devices.interchangeable_groups())

@@ -20,6 +20,13 @@ What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model
   produced on another device's memory (and each model input, which arrives on the host) to its device with
   ``copyto``, once per (tensor, destination device) and request, then calls the segment function;
 - a free worker takes its ready segment with the lowest (request index, segment id);
+- continuation (``continuation=True``, the default): a worker that ends a segment and then has no ready segment of
+  its own device runs the first newly ready segment of an interchangeable device itself: CPU core groups of one
+  host with as many cores each (``--devices cpu:0,cpu:1``), which address the same memory and run a segment as fast.
+  One request through a chain of segments then stays on one core: no hand-off to a sleeping worker, and its
+  tensors stay in that core's caches. With many requests in flight every worker has its own work and the plan's
+  placement holds. (Measured on GoogLeNet's two-stage cut, one request at a time, 20 paired rounds: 1.33 ms
+  slower than the sequential executable without it, 0.41 ms faster with it.)
 - an exception in a segment (or a bad input) fails only that request's future; the runtime keeps serving;
 - ``threads_per_device`` gives each worker its own TVM pool size (``runtime.config_threadpool`` in that thread;
   it cannot exceed ``TVM_NUM_THREADS``); a CPU device with cores (``--devices cpu:0,cpu:1``) gets one thread per
@@ -40,13 +47,14 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from hetpart.devices import interchangeable_cpu_groups
 from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, UsageError
 from hetpart.driver.inputs import check_inputs
+from hetpart.driver.task_workers import SegmentRun, _copy, _flatten, _Request, _Worker
 from hetpart.threads import ensure_tvm_threads
 from tvm_passes.host_tensors import to_host_tensor, to_numpy
 from tvm_passes.thread_pool import configure_pool
@@ -60,62 +68,12 @@ log = logging.getLogger(__name__)
 __all__ = ["SegmentRun", "TaskRuntime"]
 
 
-class SegmentRun(NamedTuple):
-    """One segment run in ``TaskRuntime.trace`` (``time.perf_counter()`` seconds)."""
-
-    request: int
-    segment: int
-    device: str
-    start_s: float       # when the worker took the segment, before copying its inputs
-    end_s: float
-    copy_s: float        # of end_s - start_s, the time spent copying inputs from other devices
-
-
-@dataclass
-class _Request:
-    index: int
-    future: Future
-    inputs: list[Any]                                  # host tensors
-    missing: list[int]                                 # per segment: producer segments not yet ended
-    remaining: int                                     # segments not yet ended
-    values: dict[int, Any] = field(default_factory=dict)             # op id -> tensor on its producer's device
-    copies: dict[tuple[Any, str], Any] = field(default_factory=dict)  # (op id or ("in", k), device) -> copy
-    failed: bool = False
-
-
-@dataclass
-class _Worker:
-    device: str
-    runtime_device: Any
-    threads: int | None
-    cores: tuple[int, ...]                                        # the worker's pool is pinned there (empty: any)
-    affinity: tuple[int, ...] = ()                                # the cores its thread may run on, once started
-    stream: Any = None                                            # a CUDA worker's stream
-    copies: int = 0                                               # tensors it copied to its device
-    heap: list[tuple[int, int]] = field(default_factory=list)     # (request index, segment id)
-    thread: threading.Thread | None = None
-    ready: threading.Event = field(default_factory=threading.Event)
-    error: BaseException | None = None
-
-
-def _copy(value: Any, device: Any) -> Any:
-    if hasattr(value, "copyto"):
-        return value.copyto(device)
-    return [_copy(v, device) for v in value]          # a tuple-valued op output
-
-
-def _flatten(value: Any) -> list[Any]:
-    if hasattr(value, "numpy"):
-        return [value]
-    return [leaf for item in value for leaf in _flatten(item)]
-
-
 class TaskRuntime:
     """Runs a :class:`tvm_passes.segment_build.SegmentBuild` with one worker thread per device."""
 
     def __init__(self, build: Any, *, runtime_devices: Mapping[str, Any] | None = None, host: str | None = None,
                  threads_per_device: Mapping[str, int] | None = None, start_timeout_s: float = 120.0,
-                 trace: bool = False, index_bounds: Mapping[str, int] | None = None):
+                 trace: bool = False, index_bounds: Mapping[str, int] | None = None, continuation: bool = True):
         ensure_tvm_threads()
         import tvm
 
@@ -152,6 +110,11 @@ class TaskRuntime:
         for k, producers in enumerate(self._producers):
             for p in producers:
                 self._consumers[p].append(k)
+        # continuation: a worker may run the segments of interchangeable CPU core groups (the same memory)
+        groups = interchangeable_cpu_groups((n, kinds.get(n, ""), cores.get(n, ())) for n in names
+                                            if n not in self._cuda_names) if continuation else ()
+        self._peers = {n: set(g) - {n} for g in groups for n in g
+                       if all(self._memory_of[m] == self._memory_of[n] for m in g)}
         self._lock = threading.Lock()
         self._conds: dict[str, threading.Condition] = {}
         self._workers: dict[str, _Worker] = {}
@@ -347,7 +310,8 @@ class TaskRuntime:
             if on_cuda:                   # its own stream; segments end with a sync of that stream
                 worker.stream = worker.runtime_device.create_raw_stream()
                 worker.runtime_device.set_raw_stream(worker.stream)
-            mine = [f for f in self.program.functions if f.device == worker.device]
+            served = {worker.device} | self._peers.get(worker.device, set())
+            mine = [f for f in self.program.functions if f.device in served]
             vm, by_name = new_virtual_machine(self.build.gpu_executable if on_cuda else self.build.executable,
                                               worker.runtime_device, [f.name for f in mine])    # vm lives on
             calls = {f.segment: by_name[f.name] for f in mine}
@@ -367,15 +331,19 @@ class TaskRuntime:
                 request = self._requests.get(index)
             if request is None or request.failed:
                 continue
-            try:
-                started = time.perf_counter()
-                copy_s = self._run_segment(request, segment, worker, calls[segment])
-                if self.trace is not None:
-                    self.trace.append(SegmentRun(index, segment, worker.device, started, time.perf_counter(), copy_s))
-            except BaseException as exc:  # noqa: BLE001 (fails this request only)
-                self._fail(request, exc)
-                continue
-            self._segment_done(request, segment)
+            next_segment: int | None = segment
+            while next_segment is not None:         # a segment it took on by continuation runs right after
+                segment = next_segment
+                try:
+                    started = time.perf_counter()
+                    copy_s = self._run_segment(request, segment, worker, calls[segment])
+                    if self.trace is not None:
+                        self.trace.append(SegmentRun(index, segment, worker.device, started, time.perf_counter(),
+                                                     copy_s))
+                except BaseException as exc:  # noqa: BLE001 (fails this request only)
+                    self._fail(request, exc)
+                    break
+                next_segment = self._segment_done(request, segment, worker)
 
     def _operand(self, request: _Request, key: Any, value: Any, source: str, worker: _Worker) -> Any:
         if self._memory_of[source] == self._memory_of[worker.device]:
@@ -402,14 +370,26 @@ class TaskRuntime:
             request.values[op] = result[k]
         return copy_s
 
-    def _segment_done(self, request: _Request, segment: int) -> None:
+    def _segment_done(self, request: _Request, segment: int, worker: _Worker) -> int | None:
+        """Record that ``segment`` ended; queue the segments that became ready. Returns the one ``worker`` takes on
+        itself (continuation: nothing of its own device is ready and a peer CPU core group's segment is), or None."""
+        claimed = None
         with self._lock:
             if request.failed:
-                return
+                return None
+            peers = self._peers.get(worker.device, set())
+            held = []
             for consumer in self._consumers[segment]:
                 request.missing[consumer] -= 1
                 if not request.missing[consumer]:
-                    self._push(request.index, consumer)
+                    if self.program.functions[consumer].device in peers:
+                        held.append(consumer)
+                    else:
+                        self._push(request.index, consumer)
+            if held and not worker.heap and not self._closing:
+                claimed = held.pop(0)
+            for consumer in held:
+                self._push(request.index, consumer)
             request.remaining -= 1
             finished = request.remaining == 0
             if finished:
@@ -424,8 +404,9 @@ class TaskRuntime:
                     outputs.extend(to_numpy(t) for t in _flatten(value))
             except BaseException as exc:  # noqa: BLE001
                 request.future.set_exception(exc)
-                return
+                return None
             request.future.set_result(outputs)
+        return claimed
 
     def _fail(self, request: _Request, exc: BaseException) -> None:
         with self._lock:

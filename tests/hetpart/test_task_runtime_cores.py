@@ -64,6 +64,27 @@ def test_two_cpu_devices_compile_and_run_pinned(compiled):
     assert compiled.costs.devices.link("cpu0", "cpu1").transfer_us(1 << 20) == 0
 
 
+def test_one_request_at_a_time_stays_on_one_core_by_continuation(compiled):
+    from hetpart.driver.task_runtime import TaskRuntime
+    from hetpart.simulate_requests import RuntimeModel, simulate_requests
+
+    x = np.random.default_rng(2).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    (expected,) = compiled(x)
+    devices = {}
+    for continuation in (True, False):
+        with TaskRuntime(compiled.segments, trace=True, continuation=continuation) as rt:
+            for _ in range(3):
+                np.testing.assert_allclose(rt(x)[0], expected, rtol=1e-5, atol=1e-5)
+            devices[continuation] = {run.device for run in rt.trace}
+            assert len(rt.trace) == 3 * len(compiled.segments.program.functions)
+    first = compiled.segments.program.functions[0].device
+    assert devices == {True: {first}, False: {"cpu0", "cpu1"}}
+    # the runtime model places one request the same way
+    predicted = simulate_requests(compiled.graph, compiled.costs, compiled.plan,
+                                  runtime=RuntimeModel(copies="consumer"))
+    assert {e.resource for e in predicted.events if e.kind == "segment"} == {first}
+
+
 # ------------------------------------------------------------------------------ random pinned plans
 @pytest.fixture(scope="module")
 def small():

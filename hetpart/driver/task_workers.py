@@ -1,0 +1,60 @@
+"""The task runtime's bookkeeping (:mod:`hetpart.driver.task_runtime`): a segment run of its trace, a request in
+flight, a device worker, and the helpers that move a segment's tensors."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = ["SegmentRun"]
+
+
+class SegmentRun(NamedTuple):
+    """One segment run in ``TaskRuntime.trace`` (``time.perf_counter()`` seconds)."""
+
+    request: int
+    segment: int
+    device: str
+    start_s: float       # when the worker took the segment, before copying its inputs
+    end_s: float
+    copy_s: float        # of end_s - start_s, the time spent copying inputs from other devices
+
+
+@dataclass
+class _Request:
+    index: int
+    future: Future
+    inputs: list[Any]                                  # host tensors
+    missing: list[int]                                 # per segment: producer segments not yet ended
+    remaining: int                                     # segments not yet ended
+    values: dict[int, Any] = field(default_factory=dict)             # op id -> tensor on its producer's device
+    copies: dict[tuple[Any, str], Any] = field(default_factory=dict)  # (op id or ("in", k), device) -> copy
+    failed: bool = False
+
+
+@dataclass
+class _Worker:
+    device: str
+    runtime_device: Any
+    threads: int | None
+    cores: tuple[int, ...]                                        # the worker's pool is pinned there (empty: any)
+    affinity: tuple[int, ...] = ()                                # the cores its thread may run on, once started
+    stream: Any = None                                            # a CUDA worker's stream
+    copies: int = 0                                               # tensors it copied to its device
+    heap: list[tuple[int, int]] = field(default_factory=list)     # (request index, segment id)
+    thread: threading.Thread | None = None
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+def _copy(value: Any, device: Any) -> Any:
+    if hasattr(value, "copyto"):
+        return value.copyto(device)
+    return [_copy(v, device) for v in value]          # a tuple-valued op output
+
+
+def _flatten(value: Any) -> list[Any]:
+    if hasattr(value, "numpy"):
+        return [value]
+    return [leaf for item in value for leaf in _flatten(item)]
