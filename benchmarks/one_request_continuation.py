@@ -81,10 +81,20 @@ def measure(model: str, rounds: int, cores: tuple[int, int]) -> dict:
             "median_ms": {name: statistics.median(v) for name, v in times_ms.items()}}
 
 
+def _cpu_name() -> str:
+    """LLVM's name for this host's CPU (what the predictors are keyed by), else the platform's."""
+    try:
+        import tvm
+
+        return str(tvm.target.Target.from_device(tvm.cpu()).attrs["mcpu"])
+    except Exception:  # noqa: BLE001 (only a label)
+        return platform.processor() or platform.machine()
+
+
 def markdown(rows: list[dict], command: str, rounds: int) -> str:
     lines = ["# One request at a time: the task runtime with and without continuation", "",
              f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-             f"{platform.processor() or platform.machine()}, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}). "
+             f"{_cpu_name()}, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}). "
              f"Median of {rounds} rounds, the four variants alternated call by call; in brackets the difference from "
              "*sequential* (ms). Plans vary between compiles: each row is the plan of its compile.", "",
              "| model | segments (devices) | workers used, continuation | " + " | ".join(VARIANTS) + " |",

@@ -25,8 +25,8 @@ What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model
   host with as many cores each (``--devices cpu:0,cpu:1``), which address the same memory and run a segment as fast.
   One request through a chain of segments then stays on one core: no hand-off to a sleeping worker, and its
   tensors stay in that core's caches. With many requests in flight every worker has its own work and the plan's
-  placement holds. (Measured on GoogLeNet's two-stage cut, one request at a time, 20 paired rounds: 1.33 ms
-  slower than the sequential executable without it, 0.41 ms faster with it.)
+  placement holds (benchmarks/one_request_continuation.py: one LSTM LM request 0.83 ms slower than the sequential
+  executable without it, 0.17 ms with it).
 - an exception in a segment (or a bad input) fails only that request's future; the runtime keeps serving;
 - ``threads_per_device`` gives each worker its own TVM pool size (``runtime.config_threadpool`` in that thread;
   it cannot exceed ``TVM_NUM_THREADS``); a CPU device with cores (``--devices cpu:0,cpu:1``) gets one thread per
