@@ -14,8 +14,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from hetpart.driver import api
 
+    options = {}
+    if not args.continuation:
+        if args.mode != "tasks":
+            from hetpart.errors import UsageError
+
+            raise UsageError("--no-continuation is an option of the task runtime; add --mode tasks")
+        options["continuation"] = False
     with contextlib.ExitStack() as stack:
-        runtime = api.load(args.directory, mode=args.mode)
+        runtime = api.load(args.directory, mode=args.mode, **options)
         if args.mode == "tasks":
             stack.enter_context(runtime)        # joins the worker threads on the way out
         return _run_loaded(args, runtime)
@@ -109,4 +116,7 @@ def register(sub: Any, positive_int: Callable[[str], int]) -> None:
     p.add_argument("--requests", type=positive_int, default=1,
                    help="run this many requests and print throughput and latency percentiles (tasks mode keeps "
                    "them all in flight)")
+    p.add_argument("--no-continuation", dest="continuation", action="store_false",
+                   help="tasks mode: every segment runs on its own device's worker (by default a worker with nothing "
+                   "of its own to do runs the next segment of an equally sized CPU core group itself)")
     p.set_defaults(func=cmd_run)

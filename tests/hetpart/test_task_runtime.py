@@ -236,3 +236,30 @@ def test_segments_carry_the_prim_funcs_main_calls():
         (got,) = rt(value)
     expected = np.clip(np.clip(value @ w1, -0.5, 0.5) @ w2, -0.5, 0.5)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_run_no_continuation_reaches_the_task_runtime(monkeypatch, tmp_path):
+    from hetpart.driver import api
+    from hetpart.driver.cli import build_parser
+    from hetpart.errors import UsageError
+
+    seen = {}
+
+    def fake_load(directory, mode="sequential", **options):
+        seen.update(options, mode=mode)
+        raise UsageError("stop here")
+
+    monkeypatch.setattr(api, "load", fake_load)
+    parser = build_parser()
+    args = parser.parse_args(["run", str(tmp_path), "--mode", "tasks", "--no-continuation"])
+    with pytest.raises(UsageError, match="stop here"):
+        args.func(args)
+    assert seen == {"mode": "tasks", "continuation": False}
+    seen.clear()
+    args = parser.parse_args(["run", str(tmp_path), "--mode", "tasks"])
+    with pytest.raises(UsageError, match="stop here"):
+        args.func(args)
+    assert seen == {"mode": "tasks"}                  # the runtime's default: continuation on
+    args = parser.parse_args(["run", str(tmp_path), "--no-continuation"])
+    with pytest.raises(UsageError, match="add --mode tasks"):
+        args.func(args)
