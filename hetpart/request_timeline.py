@@ -42,6 +42,9 @@ class RuntimeModel:
     # of its own device runs the first newly ready segment of an interchangeable device itself (CPU core groups of
     # one host with as many cores each, DeviceSet.interchangeable_groups), as the task runtime does
     continuation: bool = True
+    # Work sharing (same conditions): a free worker with no ready segment of its own device takes the ready segment
+    # of an interchangeable device with the lowest (request, segment id) (whose own worker is then busy)
+    sharing: bool = True
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -51,8 +54,9 @@ class RuntimeModel:
             raise UsageError(f"dispatch_overhead_us_by_device must map device names to microseconds; found "
                              f"{self.dispatch_overhead_us_by_device!r}") from exc
         object.__setattr__(self, "dispatch_overhead_us_by_device", overheads)
-        if not isinstance(self.continuation, bool):
-            raise UsageError(f"continuation must be True or False; found {self.continuation!r}")
+        for key in ("continuation", "sharing"):
+            if not isinstance(getattr(self, key), bool):
+                raise UsageError(f"{key} must be True or False; found {getattr(self, key)!r}")
         for key in ("admission_us", "completion_us"):
             try:
                 object.__setattr__(self, key, float(getattr(self, key)))
@@ -85,7 +89,7 @@ class RuntimeModel:
         return {"schema_version": self.schema_version, "worker_policy": self.worker_policy, "copies": self.copies,
                 "dispatch_overhead_us_by_device": dict(self.dispatch_overhead_us_by_device),
                 "admission_us": self.admission_us, "completion_us": self.completion_us,
-                "continuation": self.continuation}
+                "continuation": self.continuation, "sharing": self.sharing}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RuntimeModel":
@@ -97,6 +101,7 @@ class RuntimeModel:
                         admission_us=data.get("admission_us", 0.0),   # written before they were modelled: 0
                         completion_us=data.get("completion_us", 0.0),
                         continuation=data.get("continuation", False),   # written before it was modelled: off
+                        sharing=data.get("sharing", False),
                         schema_version=data["schema_version"])
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"RuntimeModel JSON is malformed ({type(exc).__name__}: {exc})") from exc

@@ -29,6 +29,9 @@ The model of ``simulate_requests(graph, costs, plan, n_requests=N)`` (docs/runti
   whose segment it ended, lowest id) of an interchangeable device (``DeviceSet.interchangeable_groups``: CPU core
   groups of one host with as many cores each) itself, at that device's cost and overhead, instead of leaving it to
   that device's worker. One request through a chain of segments then runs on one core, as the task runtime does.
+* Work sharing (``RuntimeModel.sharing``, same conditions): after the workers have taken their own devices' ready
+  segments, a free worker with none of its own takes the ready segment with the lowest (request, segment id) among
+  its interchangeable devices' queues (whose workers are busy), at that device's cost and overhead.
 
 Memory is not checked (N requests in flight hold N sets of activations). Imports numpy only through
 ``hetpart.simulate`` (core rule).
@@ -151,7 +154,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
     segments_left = [prog.k] * n_req
     ran_on: dict[tuple[int, int], int] = {}           # (request, segment) -> the worker running it
     peers: list[set[int]] = [set() for _ in range(prog.n_dev)]     # continuation: the devices a worker may serve
-    if consumer and policy == "priority" and runtime.continuation:
+    if consumer and policy == "priority" and (runtime.continuation or runtime.sharing):
         for group in groups:
             members = {names.index(n) for n in group}
             for d in members:
@@ -239,7 +242,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
     def continue_with(now: float, w: int, r: int, newly_ready: Sequence[int]) -> None:
         """Continuation: worker ``w``, just free and with nothing of its own device ready, runs the first newly
         ready segment of a peer device itself."""
-        if not peers[w] or worker_queue[w]:
+        if not runtime.continuation or not peers[w] or worker_queue[w]:
             return
         s = next((s for s in newly_ready if prog.dev[s] in peers[w]), None)
         if s is None:
@@ -262,6 +265,15 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                 expected[d] = (er + 1, 0) if ek + 1 == len(prog.sequence[d]) else (er, ek + 1)
             heapq.heappop(queue)
             start_segment(now, d, r, s)
+        if runtime.sharing:                  # work sharing: a free worker with nothing of its own takes a peer's best
+            for w in range(prog.n_dev):
+                if worker_busy[w] or worker_queue[w] or not peers[w]:
+                    continue
+                ready = [(worker_queue[p][0], p) for p in peers[w] if worker_queue[p]]
+                if ready:
+                    (r, s), p = min(ready)
+                    heapq.heappop(worker_queue[p])
+                    start_segment(now, w, r, s)
         for link, queue in link_queue.items():
             if queue and not link_busy.get(link):
                 link_busy[link] = True

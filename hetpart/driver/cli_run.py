@@ -15,12 +15,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hetpart.driver import api
 
     options = {}
-    if not args.continuation:
+    if not args.work_sharing:
         if args.mode != "tasks":
             from hetpart.errors import UsageError
 
-            raise UsageError("--no-continuation is an option of the task runtime; add --mode tasks")
-        options["continuation"] = False
+            raise UsageError("--no-work-sharing is an option of the task runtime; add --mode tasks")
+        options.update(continuation=False, sharing=False)
     with contextlib.ExitStack() as stack:
         runtime = api.load(args.directory, mode=args.mode, **options)
         if args.mode == "tasks":
@@ -116,7 +116,7 @@ def register(sub: Any, positive_int: Callable[[str], int]) -> None:
     p.add_argument("--requests", type=positive_int, default=1,
                    help="run this many requests and print throughput and latency percentiles (tasks mode keeps "
                    "them all in flight)")
-    p.add_argument("--no-continuation", dest="continuation", action="store_false",
-                   help="tasks mode: every segment runs on its own device's worker (by default a worker with nothing "
-                   "of its own to do runs the next segment of an equally sized CPU core group itself)")
+    p.add_argument("--no-work-sharing", dest="work_sharing", action="store_false",
+                   help="tasks mode: every segment runs on its planned device's worker (by default a worker of an "
+                   "equally sized CPU core group with nothing of its own to do takes the other group's ready work)")
     p.set_defaults(func=cmd_run)

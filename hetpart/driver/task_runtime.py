@@ -26,7 +26,11 @@ What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model
   One request through a chain of segments then stays on one core: no hand-off to a sleeping worker, and its
   tensors stay in that core's caches. With many requests in flight every worker has its own work and the plan's
   placement holds (benchmarks/one_request_continuation.py: one LSTM LM request 0.83 ms slower than the sequential
-  executable without it, 0.17 ms with it).
+  executable without it, 0.17 ms with it);
+- work sharing (``sharing=True``, the default): a free worker of such a group with no ready segment of its own takes
+  the other groups' ready segment with the lowest (request index, segment id); a push wakes the segment's own
+  worker when it is idle, else an idle peer. A plan on one group then serves requests on every group, as a serving
+  system would, and a pipeline's less busy stage helps the busier one;
 - an exception in a segment (or a bad input) fails only that request's future; the runtime keeps serving;
 - ``threads_per_device`` gives each worker its own TVM pool size (``runtime.config_threadpool`` in that thread;
   it cannot exceed ``TVM_NUM_THREADS``); a CPU device with cores (``--devices cpu:0,cpu:1``) gets one thread per
@@ -73,7 +77,8 @@ class TaskRuntime:
 
     def __init__(self, build: Any, *, runtime_devices: Mapping[str, Any] | None = None, host: str | None = None,
                  threads_per_device: Mapping[str, int] | None = None, start_timeout_s: float = 120.0,
-                 trace: bool = False, index_bounds: Mapping[str, int] | None = None, continuation: bool = True):
+                 trace: bool = False, index_bounds: Mapping[str, int] | None = None, continuation: bool = True,
+                 sharing: bool = True):
         ensure_tvm_threads()
         import tvm
 
@@ -110,19 +115,23 @@ class TaskRuntime:
         for k, producers in enumerate(self._producers):
             for p in producers:
                 self._consumers[p].append(k)
-        # continuation: a worker may run the segments of interchangeable CPU core groups (the same memory)
+        # continuation and work sharing: a worker may run the segments of interchangeable CPU core groups (the same
+        # memory, as many cores each)
         groups = interchangeable_cpu_groups((n, kinds.get(n, ""), cores.get(n, ())) for n in names
-                                            if n not in self._cuda_names) if continuation else ()
+                                            if n not in self._cuda_names) if continuation or sharing else ()
         self._peers = {n: set(g) - {n} for g in groups for n in g
                        if all(self._memory_of[m] == self._memory_of[n] for m in g)}
+        self._continuation, self._sharing = continuation, sharing and bool(self._peers)
         self._lock = threading.Lock()
         self._conds: dict[str, threading.Condition] = {}
         self._workers: dict[str, _Worker] = {}
         self._requests: dict[int, _Request] = {}
         self._counter = itertools.count()
         self._closing = False
+        self._started = threading.Event()
         for name in names:
-            if not any(f.device == name for f in functions) and name != self.host:
+            if not any(f.device == name for f in functions) and name != self.host and not (
+                    self._sharing and name in self._peers):        # an idle core group can still take work
                 continue
             worker = _Worker(name, runtime_devices[name], threads.get(name), cores.get(name, ()))
             self._workers[name] = worker
@@ -135,6 +144,7 @@ class TaskRuntime:
                 self.close()
                 raise BuildError(f"the {worker.device} worker could not start its VM on {worker.runtime_device}: "
                                  f"{worker.error or 'timed out'}")
+        self._started.set()
         log.info("task runtime: %d segments on %s", len(functions),
                  ", ".join(f"{w.device}={w.runtime_device}" for w in self._workers.values()))
 
@@ -295,10 +305,22 @@ class TaskRuntime:
         return future
 
     def _push(self, index: int, segment: int) -> None:
-        """Queue a ready segment (the lock is held)."""
+        """Queue a ready segment (the lock is held): wake its device's worker, or, when that one is busy, an idle
+        peer that may take it (work sharing between interchangeable CPU core groups)."""
         device = self.program.functions[segment].device
-        heapq.heappush(self._workers[device].heap, (index, segment))
-        self._conds[device].notify()
+        owner = self._workers[device]
+        heapq.heappush(owner.heap, (index, segment))
+        woken = owner if owner.idle or not self._sharing else next(
+            (self._workers[p] for p in sorted(self._peers.get(device, ())) if self._workers[p].idle), owner)
+        woken.idle = False                   # it will take a segment: the next push wakes another idle worker
+        self._conds[woken.device].notify()
+
+    def _busiest_peer(self, peers: list[_Worker]) -> _Worker | None:
+        """Work sharing: the peer whose best ready segment comes first, None when no peer has one (lock held)."""
+        if not self._sharing:
+            return None
+        ready = [p for p in peers if p.heap]
+        return min(ready, key=lambda p: p.heap[0]) if ready else None
 
     def _loop(self, worker: _Worker) -> None:
         try:
@@ -321,13 +343,21 @@ class TaskRuntime:
             return
         worker.ready.set()
         cond = self._conds[worker.device]
+        peers: list[_Worker] | None = None
         while True:
             with cond:
-                while not worker.heap and not self._closing:
+                while True:
+                    if peers is None and self._started.is_set():     # every worker exists once the runtime started
+                        peers = [self._workers[p] for p in sorted(self._peers.get(worker.device, ()))
+                                 if p in self._workers]
+                    source = worker if worker.heap else self._busiest_peer(peers or [])
+                    if source is not None or self._closing:
+                        break
+                    worker.idle = True        # cleared by the push that wakes it
                     cond.wait()
                 if self._closing:
                     return
-                index, segment = heapq.heappop(worker.heap)
+                index, segment = heapq.heappop(source.heap)
                 request = self._requests.get(index)
             if request is None or request.failed:
                 continue
@@ -377,7 +407,7 @@ class TaskRuntime:
         with self._lock:
             if request.failed:
                 return None
-            peers = self._peers.get(worker.device, set())
+            peers = self._peers.get(worker.device, set()) if self._continuation else set()
             held = []
             for consumer in self._consumers[segment]:
                 request.missing[consumer] -= 1

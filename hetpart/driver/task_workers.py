@@ -46,6 +46,7 @@ class _Worker:
     thread: threading.Thread | None = None
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
+    idle: bool = False                                            # waiting for work (the runtime's lock held)
 
 
 def _copy(value: Any, device: Any) -> Any:

@@ -46,6 +46,8 @@ class PartitionConfig:
     dispatch_overhead_us_by_device: Mapping[str, float] = field(default_factory=dict)  # timeslice, portfolio: task runtime
                                              # overhead per segment (hetpart.simulate_requests.RuntimeModel)
     timeslice_segments: str = "runtime"      # timeslice: "runtime" (segment_plan) or "slices" (one per task)
+    work_sharing: bool = True                # timeslice, portfolio: the task runtime's workers of equal CPU core groups
+                                             # share work (RuntimeModel.continuation and .sharing)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pins", dict(self.pins))
@@ -57,6 +59,8 @@ class PartitionConfig:
             raise InvalidPlanError(f"dispatch_overhead_us_by_device must map device names to microseconds >= 0; "
                                    f"found {overheads}")
         object.__setattr__(self, "dispatch_overhead_us_by_device", {str(k): float(v) for k, v in overheads.items()})
+        if not isinstance(self.work_sharing, bool):
+            raise InvalidPlanError(f"work_sharing must be True or False; found {self.work_sharing!r}")
         if self.timeslice_segments not in ("runtime", "slices"):
             raise InvalidPlanError(f"timeslice_segments must be 'runtime' or 'slices'; found {self.timeslice_segments!r}")
         for name in ("requests", "slice_steps"):

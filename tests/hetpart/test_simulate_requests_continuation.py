@@ -1,5 +1,6 @@
-"""Continuation in the runtime model: a worker with nothing of its own to do runs a newly ready segment of an
-interchangeable CPU core group itself; with work of its own it leaves the segment to the planned device."""
+"""Continuation and work sharing in the runtime model: a worker with nothing of its own to do runs a newly ready
+segment of an interchangeable CPU core group itself (continuation), and a free worker with nothing of its own takes
+a busy peer's best ready segment (sharing)."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,9 @@ def plan(device_of) -> Plan:
                 method="hand")
 
 
-def runtime(continuation: bool = True) -> RuntimeModel:
-    return RuntimeModel({"cpu0": OVERHEAD_US, "cpu1": OVERHEAD_US}, copies="consumer", continuation=continuation)
+def runtime(continuation: bool = True, sharing: bool = False) -> RuntimeModel:
+    return RuntimeModel({"cpu0": OVERHEAD_US, "cpu1": OVERHEAD_US}, copies="consumer", continuation=continuation,
+                        sharing=sharing)
 
 
 def workers(timeline, request=None) -> dict[int, str]:
@@ -78,13 +80,34 @@ def test_without_interchangeable_groups_nothing_moves(make_tiny):
     assert workers(simulate_requests(graph, costs, plan(["cpu0", "cpu1"]), runtime=fixed)) == {0: "cpu0", 1: "cpu1"}
 
 
-def test_continuation_is_checked_and_round_trips():
-    model = runtime(False)
-    assert RuntimeModel.from_dict(model.to_dict()) == model and RuntimeModel().continuation
-    old = {k: v for k, v in runtime().to_dict().items() if k != "continuation"}
-    assert RuntimeModel.from_dict(old).continuation is False          # written before it was modelled
-    with pytest.raises(UsageError, match="continuation must be True or False"):
-        RuntimeModel(continuation="yes").validate()
+def test_continuation_and_sharing_are_checked_and_round_trip():
+    for model in (runtime(False), runtime(True, True), runtime(False, True)):
+        assert RuntimeModel.from_dict(model.to_dict()) == model
+    assert RuntimeModel().continuation and RuntimeModel().sharing                 # the task runtime's defaults
+    old = {k: v for k, v in runtime(True, True).to_dict().items() if k not in ("continuation", "sharing")}
+    old = RuntimeModel.from_dict(old)                                             # written before they were modelled
+    assert old.continuation is False and old.sharing is False
+    for key in ("continuation", "sharing"):
+        with pytest.raises(UsageError, match=f"{key} must be True or False"):
+            RuntimeModel(**{key: "yes"}).validate()
+
+
+def test_sharing_balances_whole_requests_of_a_one_device_plan(make_tiny):
+    graph, costs = on_core_groups(make_tiny, [(100, 100), (50, 50)], [(0, 1, 8)], [(1, 4)])
+    alone = simulate_requests(graph, costs, plan(["cpu0", "cpu0"]), n_requests=4, runtime=runtime())
+    shared = simulate_requests(graph, costs, plan(["cpu0", "cpu0"]), n_requests=4,
+                               runtime=runtime(sharing=True)).validate()
+    assert alone.makespan_us == pytest.approx(4 * 155) and shared.makespan_us == pytest.approx(2 * 155)
+    assert [set(workers(shared, r).values()) for r in range(4)] == [{"cpu0"}, {"cpu1"}, {"cpu0"}, {"cpu1"}]
+
+
+def test_sharing_takes_a_busy_peers_best_segment_and_never_slows_a_pipeline(make_tiny):
+    graph, costs = on_core_groups(make_tiny, [(100, 100), (50, 50)], [(0, 1, 8)], [(1, 4)])
+    handed = simulate_requests(graph, costs, plan(["cpu0", "cpu1"]), n_requests=8, runtime=runtime())
+    shared = simulate_requests(graph, costs, plan(["cpu0", "cpu1"]), n_requests=8,
+                               runtime=runtime(sharing=True)).validate()
+    assert workers(shared, 1)[0] == "cpu1"          # cpu1 had nothing at t = 0: it took request 1's first segment
+    assert shared.makespan_us < handed.makespan_us
 
 
 def test_every_request_still_runs_every_segment_once(make_tiny):
@@ -94,9 +117,9 @@ def test_every_request_still_runs_every_segment_once(make_tiny):
     edges = [(i, i + 1, 8) for i in range(n - 1)] + [(0, 3, 8), (1, 5, 8)]
     graph, costs = on_core_groups(make_tiny, latency, edges, [(n - 1, 4)])
     device_of = ["cpu0", "cpu1", "cpu1", "cpu0", "cpu1", "cpu0"]
-    for in_flight in (1, 3, 8):
+    for in_flight, sharing in ((1, False), (3, False), (8, False), (1, True), (3, True), (8, True)):
         tl = simulate_requests(graph, costs, plan(device_of), n_requests=8, max_in_flight=in_flight,
-                               runtime=runtime()).validate()
+                               runtime=runtime(sharing=sharing)).validate()
         for r in range(8):
             runs = tl.events_of(r, "segment")
             assert sorted(e.segment_id for e in runs) == sorted(set(e.segment_id for e in runs))

@@ -238,7 +238,7 @@ def test_segments_carry_the_prim_funcs_main_calls():
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_run_no_continuation_reaches_the_task_runtime(monkeypatch, tmp_path):
+def test_run_no_work_sharing_reaches_the_task_runtime(monkeypatch, tmp_path):
     from hetpart.driver import api
     from hetpart.driver.cli import build_parser
     from hetpart.errors import UsageError
@@ -251,15 +251,15 @@ def test_run_no_continuation_reaches_the_task_runtime(monkeypatch, tmp_path):
 
     monkeypatch.setattr(api, "load", fake_load)
     parser = build_parser()
-    args = parser.parse_args(["run", str(tmp_path), "--mode", "tasks", "--no-continuation"])
+    args = parser.parse_args(["run", str(tmp_path), "--mode", "tasks", "--no-work-sharing"])
     with pytest.raises(UsageError, match="stop here"):
         args.func(args)
-    assert seen == {"mode": "tasks", "continuation": False}
+    assert seen == {"mode": "tasks", "continuation": False, "sharing": False}
     seen.clear()
     args = parser.parse_args(["run", str(tmp_path), "--mode", "tasks"])
     with pytest.raises(UsageError, match="stop here"):
         args.func(args)
-    assert seen == {"mode": "tasks"}                  # the runtime's default: continuation on
-    args = parser.parse_args(["run", str(tmp_path), "--no-continuation"])
+    assert seen == {"mode": "tasks"}                  # the runtime's defaults: work shared
+    args = parser.parse_args(["run", str(tmp_path), "--no-work-sharing"])
     with pytest.raises(UsageError, match="add --mode tasks"):
         args.func(args)

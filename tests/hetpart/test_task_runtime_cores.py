@@ -1,6 +1,6 @@
 """The task runtime on two CPU devices, each on its own core (``--devices cpu:0,cpu:1``): workers pinned to their
-cores, numerics against onnxruntime, and 100 random pinned plans (hypothesis) that neither deadlock nor change a
-result, with 1 and 8 requests in flight."""
+cores, numerics against onnxruntime, continuation and work sharing between the two, and 100 random pinned plans
+(hypothesis) that neither deadlock nor change a result, with 1 and 8 requests in flight."""
 from __future__ import annotations
 
 import os
@@ -72,7 +72,7 @@ def test_one_request_at_a_time_stays_on_one_core_by_continuation(compiled):
     (expected,) = compiled(x)
     devices = {}
     for continuation in (True, False):
-        with TaskRuntime(compiled.segments, trace=True, continuation=continuation) as rt:
+        with TaskRuntime(compiled.segments, trace=True, continuation=continuation, sharing=False) as rt:
             for _ in range(3):
                 np.testing.assert_allclose(rt(x)[0], expected, rtol=1e-5, atol=1e-5)
             devices[continuation] = {run.device for run in rt.trace}
@@ -81,8 +81,26 @@ def test_one_request_at_a_time_stays_on_one_core_by_continuation(compiled):
     assert devices == {True: {first}, False: {"cpu0", "cpu1"}}
     # the runtime model places one request the same way
     predicted = simulate_requests(compiled.graph, compiled.costs, compiled.plan,
-                                  runtime=RuntimeModel(copies="consumer"))
+                                  runtime=RuntimeModel(copies="consumer", sharing=False))
     assert {e.resource for e in predicted.events if e.kind == "segment"} == {first}
+
+
+def test_an_idle_core_group_takes_work_from_a_busy_one(compiled):
+    from hetpart.driver.task_runtime import TaskRuntime
+
+    x = np.random.default_rng(3).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    (expected,) = compiled(x)
+    moved = {}
+    for sharing in (True, False):
+        with TaskRuntime(compiled.segments, trace=True, continuation=False, sharing=sharing) as rt:
+            outputs, _ = rt.run_many([[x]] * 24, max_in_flight=24)
+            planned = {k: f.device for k, f in enumerate(rt.program.functions)}
+            moved[sharing] = sum(run.device != planned[run.segment] for run in rt.trace)
+            assert len(rt.trace) == 24 * len(planned)
+        for (ours,) in outputs:
+            np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+    # the pins put the convs on cpu0 and only the max-pools on cpu1, which is idle most of the time
+    assert moved[True] > 0 and moved[False] == 0
 
 
 # ------------------------------------------------------------------------------ random pinned plans
@@ -117,9 +135,11 @@ def test_random_pinned_plans_neither_deadlock_nor_change_results(small, data):
     graph, xs, expected = small
     plan = data.draw(pinned_plans(graph))
     in_flight = data.draw(st.sampled_from([1, 8]))
+    continuation, sharing = data.draw(st.booleans()), data.draw(st.booleans())
     devices = [{"name": "cpu0", "kind": "cpu", "cores": [CORES[0]]},
                {"name": "cpu1", "kind": "cpu", "cores": [CORES[1]]}]
-    with TaskRuntime.from_module(small_module(), graph, plan, devices=devices) as rt:
+    with TaskRuntime.from_module(small_module(), graph, plan, devices=devices, continuation=continuation,
+                                 sharing=sharing) as rt:
         outputs, latency_us = rt.run_many([[x] for x in xs], max_in_flight=in_flight)
     assert len(latency_us) == len(xs)
     for ours, ref in zip(outputs, expected):
