@@ -6,8 +6,8 @@ interleaved: every op on the host (one segment) and the ops alternating between 
 segment per op, a copy before each). The overhead per segment is the difference per added segment; the kernels
 are the same in both plans, so they cancel. It is dispatch, the hand-off between worker threads and a 64-byte copy
 (``benchmarks/dispatch_overhead.py`` is the long form, with its figures in ``benchmarks/results``). The runtime's
-continuation is off for it (two CPU core groups would otherwise run the whole chain on one worker): the simulator
-charges this overhead to every segment, including those a worker runs by continuation, which cost less.
+continuation and work sharing are off for it (two CPU core groups would otherwise run the whole chain on one worker):
+the simulator charges this overhead to every segment, including those a worker runs by continuation, which cost less.
 
 Per request, one at a time on the host device (a one-segment module that streams a constant of
 ``rows`` x 16 float32 values, sized to last about as long as the model's request): the time from ``submit()`` to
@@ -146,7 +146,7 @@ def measure_dispatch_overhead(devices: Sequence[Mapping[str, Any]], *, requests:
         plan = Plan(device_of=device_of, order=range(op_graph.num_ops), devices=names, method="fixed",
                     graph_hash=op_graph.structure_hash(), level="op").validate(op_graph)
         return TaskRuntime.from_module(module, op_graph, plan, gpu_devices=gpus, devices=list(devices), trace=trace,
-                                       continuation=False)     # every segment handed over: what a pipeline pays
+                                       continuation=False, sharing=False)   # every segment handed over
 
     runtimes = {}
     try:

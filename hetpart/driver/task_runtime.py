@@ -310,16 +310,20 @@ class TaskRuntime:
         device = self.program.functions[segment].device
         owner = self._workers[device]
         heapq.heappush(owner.heap, (index, segment))
-        woken = owner if owner.idle or not self._sharing else next(
-            (self._workers[p] for p in sorted(self._peers.get(device, ())) if self._workers[p].idle), owner)
-        woken.idle = False                   # it will take a segment: the next push wakes another idle worker
-        self._conds[woken.device].notify()
+        target = owner if owner.idle or not self._sharing else next(
+            (self._workers[p] for p in sorted(self._peers.get(device, ())) if self._workers[p].idle), None)
+        if target is None:                   # every worker that may run it is busy: the first free one takes it
+            return
+        if target.idle:
+            target.idle = False              # it will take a segment: the next push wakes another idle worker,
+            target.woken += 1                # and no peer takes the one it comes for from under it
+        self._conds[target.device].notify()
 
     def _busiest_peer(self, peers: list[_Worker]) -> _Worker | None:
         """Work sharing: the peer whose best ready segment comes first, None when no peer has one (lock held)."""
         if not self._sharing:
             return None
-        ready = [p for p in peers if p.heap]
+        ready = [p for p in peers if len(p.heap) > p.woken]       # not the segments its woken worker comes for
         return min(ready, key=lambda p: p.heap[0]) if ready else None
 
     def _loop(self, worker: _Worker) -> None:
@@ -353,10 +357,11 @@ class TaskRuntime:
                     source = worker if worker.heap else self._busiest_peer(peers or [])
                     if source is not None or self._closing:
                         break
-                    worker.idle = True        # cleared by the push that wakes it
+                    worker.idle, worker.woken = True, 0       # both set by the push that wakes it
                     cond.wait()
                 if self._closing:
                     return
+                worker.woken = 0                     # awake now: whatever it was woken for is its to take
                 index, segment = heapq.heappop(source.heap)
                 request = self._requests.get(index)
             if request is None or request.failed:

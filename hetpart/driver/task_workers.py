@@ -47,6 +47,7 @@ class _Worker:
     ready: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     idle: bool = False                                            # waiting for work (the runtime's lock held)
+    woken: int = 0                                                # pushes that woke it since it last took work
 
 
 def _copy(value: Any, device: Any) -> Any:
