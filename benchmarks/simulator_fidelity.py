@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 import time
 from pathlib import Path
 
@@ -235,15 +236,18 @@ def run_model(name: str, spec: str, cores: tuple[int, int], method: str, args,
     from tvm_passes.thread_pool import restricted_pool
 
     started = time.perf_counter()
+    sharing = not args.no_work_sharing
     compiled = hetpart.compile(name, devices=spec, method=method, segments=True, size=args.size,
-                               requests=args.requests)      # planned for the runtime, R requests in flight
+                               requests=args.requests,      # planned for the runtime, R requests in flight
+                               partition_options=None if sharing else {"work_sharing": False})
     single = hetpart.compile(name, devices="cpu", method="all_cpu", size=args.size)
     compile_s = time.perf_counter() - started
     devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in compiled.costs.devices.devices]
     overhead = measure_dispatch_overhead(devices, request_us=single_device_request_us(compiled.costs))
-    runtime_model = overhead.runtime_model(compiled.costs.device_names)
+    runtime_model = replace(overhead.runtime_model(compiled.costs.device_names), continuation=sharing,
+                            sharing=sharing)
     x = inputs_for(compiled.build.manifest.inputs, compiled.op_graph, seed=0)
-    with TaskRuntime(compiled.segments, trace=True) as rt:
+    with TaskRuntime(compiled.segments, trace=True, continuation=sharing, sharing=sharing) as rt:
         measured = measure_tasks(rt, x, args.requests, args.rounds, args.min_calls, args.min_seconds)
         paired = paired_tasks_vs_sequential(rt, compiled, x, cores[0], args.pairs)
     with restricted_pool(1, (cores[0],)):
@@ -383,6 +387,9 @@ def main() -> None:
                         help="alternated single requests, task runtime vs the same plan sequential on one core")
     parser.add_argument("--min-seconds", type=float, default=2.0)
     parser.add_argument("--size", type=int, default=None, help="model size option (zoo default when omitted)")
+    parser.add_argument("--no-work-sharing", action="store_true",
+                        help="plan and run the static placement: no continuation or work sharing between the two "
+                        "core groups (the runtime's default shares work)")
     parser.add_argument("--no-host-speed", action="store_true",
                         help="skip timing the calibration suite per model (the 'host speed now' columns)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
