@@ -425,6 +425,7 @@ def main() -> None:
     command = ("python benchmarks/simulator_fidelity.py --models " + args.models + f" --method {args.method} "
                f"--requests {args.requests} --rounds {args.rounds}" + (f" --size {args.size}" if args.size else "")
                + (" --no-host-speed" if args.no_host_speed else "")
+               + (" --no-work-sharing" if args.no_work_sharing else "")
                + (f" --out {args.out.as_posix()}" if args.out != DEFAULT_OUT else ""))
     summary = {"config": "cpu-core-devices", "devices": "two CPU devices, one core each", "host_cpu": host_cpu_label(),
                "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cases": len(records),
