@@ -15,7 +15,7 @@ class SegmentRun(NamedTuple):
 
     request: int
     segment: int
-    device: str
+    device: str          # the worker that ran it (a peer core group's, by continuation or work sharing)
     start_s: float       # when the worker took the segment, before copying its inputs
     end_s: float
     copy_s: float        # of end_s - start_s, the time spent copying inputs from other devices
