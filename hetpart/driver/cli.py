@@ -162,7 +162,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         console.print(f"  {name:>8}: {value:>12,.0f} µs  ({value / s['makespan_us']:.2f}x the hetpart plan)")
     for device, row in s["per_device"].items():
         console.print(f"  {device}: {row['kernels']} kernels, {row['flops_share']:.1%} of FLOPs")
-    console.print(_partition_verdict(s))
+    shared = compiled.segments is not None and compiled.costs.devices.interchangeable_groups()
+    console.print(_partition_verdict(s, shared_groups=shared or ()))
     if compiled.plan.method == "timeslice":      # its objective: many requests in flight
         console.print(f"  {compiled.plan.notes[0]}")
     console.print(f"  copies per inference: {s['copies']} ({s['copied_bytes'] / 1e6:.2f} MB, predicted)")
@@ -175,8 +176,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _partition_verdict(s: dict) -> str:
-    """One line: does the plan split the model, and what does that buy over the best single device."""
+def _partition_verdict(s: dict, shared_groups: tuple[tuple[str, ...], ...] = ()) -> str:
+    """One line: does the plan split the model, and what does that buy over the best single device.
+    ``shared_groups``: the CPU core groups whose task-runtime workers share work (a compile with segments)."""
     used = [d for d, row in s["per_device"].items() if row["kernels"]]
     singles = {k: v for k, v in s["baselines_us"].items() if k in ("all_cpu", "all_gpu")}
     if len(used) > 1 and singles:
@@ -185,6 +187,10 @@ def _partition_verdict(s: dict) -> str:
                 f"as the best single device ({best})")
     if len(used) > 1:
         return "  the plan uses both devices"
+    group = next((g for g in shared_groups if used[0] in g), None)
+    if group is not None:
+        return (f"  the plan keeps every kernel on {used[0]}: with the task runtime (`hetpart run --mode tasks`) "
+                f"requests in flight spread over {', '.join(group)}, which share work")
     if len(s["per_device"]) > 1:
         return (f"  the plan keeps every kernel on {used[0]}: splitting this model does not pay on these devices "
                 "(copies would cost more than running branches side by side saves)")
