@@ -1,8 +1,9 @@
 """One request at a time on two one-core CPU devices: the task runtime with and without continuation, against the
 same plan run sequentially on one core.
 
-Per model, one compile (``--devices cpu:0,cpu:1 --method portfolio --requests 16 --segments``), then, alternated
-call by call for ``--rounds`` rounds (order reversed every other round), median kept:
+Per model, one compile (``--devices cpu:0,cpu:1 --method portfolio --requests 16 --segments``, planned for the
+static placement: ``work_sharing`` off, so the plan cuts across the two groups), then, alternated call by call for
+``--rounds`` rounds (order reversed every other round), median kept (work sharing off in both runtimes):
 
 - *sequential*: the plan's one-VM executable, the calling thread's pool restricted to the first core;
 - *segments back to back*: the runtime's segment functions called one after another in that thread (what the
@@ -41,7 +42,8 @@ def measure(model: str, rounds: int, cores: tuple[int, int]) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         compiled = hetpart.compile(model, devices=f"cpu:{cores[0]},cpu:{cores[1]}", method="portfolio",
-                                   segments=True, requests=16)
+                                   segments=True, requests=16,      # the static placement: segments on both groups
+                                   partition_options={"work_sharing": False})
     inputs = list(sample_inputs(compiled.build.manifest.inputs, compiled.op_graph, seed=0).values())
     program = compiled.segments.program
     _vm, calls = new_virtual_machine(compiled.segments.executable, tvm.cpu(0), [f.name for f in program.functions])
@@ -60,8 +62,8 @@ def measure(model: str, rounds: int, cores: tuple[int, int]) -> dict:
                 fn()
         return run
 
-    with TaskRuntime(compiled.segments, trace=True) as continued, \
-            TaskRuntime(compiled.segments, continuation=False) as handed:
+    with TaskRuntime(compiled.segments, trace=True, sharing=False) as continued, \
+            TaskRuntime(compiled.segments, continuation=False, sharing=False) as handed:
         runs = {"sequential": on_first_core(lambda: compiled(*inputs)),
                 "segments back to back": on_first_core(back_to_back),
                 "tasks, continuation": lambda: continued(*inputs), "tasks, hand-overs": lambda: handed(*inputs)}
