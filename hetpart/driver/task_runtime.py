@@ -25,8 +25,8 @@ What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model
   host with as many cores each (``--devices cpu:0,cpu:1``), which address the same memory and run a segment as fast.
   One request through a chain of segments then stays on one core: no hand-off to a sleeping worker, and its
   tensors stay in that core's caches. With many requests in flight every worker has its own work and the plan's
-  placement holds (benchmarks/one_request_continuation.py: one LSTM LM request 0.83 ms slower than the sequential
-  executable without it, 0.17 ms with it);
+  placement holds (benchmarks/one_request_continuation.py: one LSTM LM request 1.02 ms slower than the sequential
+  executable without it, 0.05 ms with it);
 - work sharing (``sharing=True``, the default): a free worker of such a group with no ready segment of its own takes
   the other groups' ready segment with the lowest (request index, segment id); a push wakes the segment's own
   worker when it is idle, else an idle peer. A plan on one group then serves requests on every group, as a serving
