@@ -91,8 +91,12 @@ def task_runtime_section(devices: DeviceSet, prediction: Mapping[str, Any] | Non
     lines = ["## Task runtime (many requests)", ""]
     if prediction:
         n = prediction["requests"]
+        groups = devices.interchangeable_groups()
+        sharing = (" Equal CPU core groups (" + "; ".join(", ".join(g) for g in groups) + ") share work: a worker with "
+                   "nothing of its own runs the others' ready segments, so requests in flight spread over all of "
+                   "them whatever the placement (`--no-work-sharing` keeps it).") if groups else ""
         lines += [f"With `hetpart run DIR --mode tasks` the plan's {prediction['segments']} segments run on one worker "
-                  f"thread per device. Predicted with the runtime's overheads measured at compile time "
+                  f"thread per device.{sharing} Predicted with the runtime's overheads measured at compile time "
                   f"({prediction['overhead_per_segment_us']:,.1f} µs per segment" + _per_request_clause(prediction)
                   + "):", "",
                   f"- one request: {prediction['one_request_us']:,.0f} µs;",

@@ -249,8 +249,15 @@ def finish_plan(problem: Problem, dev: Sequence[int], order: Sequence[int], *, s
     if warn_degenerate and problem.n_dev > 1 and len(used) == 1 and problem.n > 0:
         message = (f"degenerate plan: {problem.method} puts all {problem.n} ops on {used[0]!r} although "
                    f"{list(names)} were offered")
-        notes.append(message)
-        warnings.warn(message, DegeneratePlanWarning, stacklevel=3)
+        for_task_runtime = bool(problem.config.dispatch_overhead_us_by_device) or problem.config.requests > 1
+        sharing = for_task_runtime and problem.config.work_sharing and any(
+            set(group) == set(names) for group in problem.costs.devices.interchangeable_groups())
+        if sharing:      # the task runtime's workers share work: every group still serves requests
+            notes.append(f"{problem.method} puts all {problem.n} ops on {used[0]!r}: the task runtime spreads "
+                         f"requests in flight over {list(names)}, equal core groups that share work")
+        else:
+            notes.append(message)
+            warnings.warn(message, DegeneratePlanWarning, stacklevel=3)
     all_stats = {"planner_wall_s": time.perf_counter() - problem.started, **dict(stats or {})}
     plan = Plan(device_of=tuple(names[d] for d in dev), order=tuple(order), devices=names, method=problem.method,
                 makespan_us=sched.makespan_us, pins=problem.config.pins, config=problem.config.to_dict(),

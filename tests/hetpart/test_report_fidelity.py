@@ -38,3 +38,14 @@ def test_a_device_set_with_a_gpu_gets_no_figure(tmp_path):
     path.write_text(json.dumps(SUMMARY))
     devices = DeviceSet((cpu_device(), gpu_from_preset("t4")), preset_links("t4")).validate()
     assert "not measured for device sets with a GPU" in fidelity_note(devices, path)
+
+
+def test_the_task_runtime_section_says_equal_core_groups_share_work():
+    from hetpart.driver.report_fidelity import task_runtime_section
+
+    prediction = {"requests": 16, "segments": 1, "overhead_per_segment_us": 30.0, "one_request_us": 1000.0,
+                  "period_us": 500.0, "p50_latency_us": 4000.0}
+    shared = "\n".join(task_runtime_section(_core_devices(), prediction))
+    assert "Equal CPU core groups (cpu0, cpu1) share work" in shared and "--no-work-sharing" in shared
+    gpu = DeviceSet((cpu_device(), gpu_from_preset("t4")), preset_links("t4"))
+    assert "share work" not in "\n".join(task_runtime_section(gpu, prediction))

@@ -130,3 +130,19 @@ def test_every_request_still_runs_every_segment_once(make_tiny):
         for spans in by_worker.values():                                 # one segment at a time per worker
             spans.sort()
             assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:]))
+
+
+def test_a_plan_on_one_of_equal_core_groups_is_noted_not_warned_when_made_for_the_task_runtime(make_tiny):
+    import warnings
+
+    from hetpart.errors import DegeneratePlanWarning
+    from hetpart.partition import partition
+
+    graph, costs = on_core_groups(make_tiny, [(100, 100), (50, 50)], [(0, 1, 8)], [(1, 4)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DegeneratePlanWarning)
+        plan = partition(graph, costs, "heft", {"requests": 4})
+    assert any("spreads requests in flight over ['cpu0', 'cpu1']" in note for note in plan.notes)
+    for options in ({"requests": 4, "work_sharing": False}, {}):      # static placement, or not for the runtime
+        with pytest.warns(DegeneratePlanWarning, match="degenerate plan"):
+            partition(graph, costs, "heft", options)
