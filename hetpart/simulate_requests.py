@@ -153,7 +153,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
     on_device: list[set[tuple]] = []                  # consumer copies: (copy key, device) already there
     segments_left = [prog.k] * n_req
     ran_on: dict[tuple[int, int], int] = {}           # (request, segment) -> the worker running it
-    peers: list[set[int]] = [set() for _ in range(prog.n_dev)]     # continuation: the devices a worker may serve
+    peers: list[set[int]] = [set() for _ in range(prog.n_dev)]     # the devices whose segments a worker may run
     if consumer and policy == "priority" and (runtime.continuation or runtime.sharing):
         for group in groups:
             members = {names.index(n) for n in group}

@@ -319,7 +319,7 @@ class TaskRuntime:
             target.woken += 1                # and no peer takes the one it comes for from under it
         self._conds[target.device].notify()
 
-    def _busiest_peer(self, peers: list[_Worker]) -> _Worker | None:
+    def _peer_to_take_from(self, peers: list[_Worker]) -> _Worker | None:
         """Work sharing: the peer whose best ready segment comes first, None when no peer has one (lock held)."""
         if not self._sharing:
             return None
@@ -354,7 +354,7 @@ class TaskRuntime:
                     if peers is None and self._started.is_set():     # every worker exists once the runtime started
                         peers = [self._workers[p] for p in sorted(self._peers.get(worker.device, ()))
                                  if p in self._workers]
-                    source = worker if worker.heap else self._busiest_peer(peers or [])
+                    source = worker if worker.heap else self._peer_to_take_from(peers or [])
                     if source is not None or self._closing:
                         break
                     worker.idle, worker.woken = True, 0       # both set by the push that wakes it
