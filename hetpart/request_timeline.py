@@ -45,6 +45,11 @@ class RuntimeModel:
     # Work sharing (same conditions): a free worker with no ready segment of its own device takes the ready segment
     # of an interchangeable device with the lowest (request, segment id) (whose own worker is then busy)
     sharing: bool = True
+    # Cross-device sharing (with sharing): a free worker with nothing of its own or of its peers takes the ready
+    # segment of another, busy device when it is predicted to end it sooner than that device would (its start when
+    # that worker frees, copies in, the segment's cost on each device); the segment's outputs stay on its device.
+    # Every segment must then be built for every device (the task runtime's ``cross_device_sharing``)
+    cross_device_sharing: bool = False
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -54,7 +59,7 @@ class RuntimeModel:
             raise UsageError(f"dispatch_overhead_us_by_device must map device names to microseconds; found "
                              f"{self.dispatch_overhead_us_by_device!r}") from exc
         object.__setattr__(self, "dispatch_overhead_us_by_device", overheads)
-        for key in ("continuation", "sharing"):
+        for key in ("continuation", "sharing", "cross_device_sharing"):
             if not isinstance(getattr(self, key), bool):
                 raise UsageError(f"{key} must be True or False; found {getattr(self, key)!r}")
         for key in ("admission_us", "completion_us"):
@@ -89,7 +94,8 @@ class RuntimeModel:
         return {"schema_version": self.schema_version, "worker_policy": self.worker_policy, "copies": self.copies,
                 "dispatch_overhead_us_by_device": dict(self.dispatch_overhead_us_by_device),
                 "admission_us": self.admission_us, "completion_us": self.completion_us,
-                "continuation": self.continuation, "sharing": self.sharing}
+                "continuation": self.continuation, "sharing": self.sharing,
+                "cross_device_sharing": self.cross_device_sharing}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RuntimeModel":
@@ -102,6 +108,7 @@ class RuntimeModel:
                         completion_us=data.get("completion_us", 0.0),
                         continuation=data.get("continuation", False),   # written before it was modelled: off
                         sharing=data.get("sharing", False),
+                        cross_device_sharing=data.get("cross_device_sharing", False),
                         schema_version=data["schema_version"])
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"RuntimeModel JSON is malformed ({type(exc).__name__}: {exc})") from exc

@@ -32,6 +32,9 @@ The model of ``simulate_requests(graph, costs, plan, n_requests=N)`` (docs/runti
 * Work sharing (``RuntimeModel.sharing``, same conditions): after the workers have taken their own devices' ready
   segments, a free worker with none of its own takes the ready segment with the lowest (request, segment id) among
   its interchangeable devices' queues (whose workers are busy), at that device's cost and overhead.
+* Cross-device sharing (``RuntimeModel.cross_device_sharing``, with sharing): a free worker with nothing of its
+  own or its peers' takes another busy device's first ready segment when ``hetpart.cross_sharing.takes`` says it
+  ends it sooner (:func:`sharing_table`); the outputs stay on its device and readers copy them from there.
 
 Memory is not checked (N requests in flight hold N sets of activations). Imports numpy only through
 ``hetpart.simulate`` (core rule).
@@ -44,16 +47,17 @@ import math
 from typing import NamedTuple, Sequence
 
 from hetpart.costs import CostTable
+from hetpart.cross_sharing import SharingTable, busy_until_us, takes
 from hetpart.errors import InvalidPlanError, UsageError
 from hetpart.graph import OpGraph
-from hetpart.plan import Plan
+from hetpart.plan import Plan, resolve_pins
 from hetpart.request_timeline import (COPY_PLACEMENTS, EVENT_KINDS, WORKER_POLICIES, RequestEvent, RequestsTimeline,
                                       RuntimeModel, steady_state_period_us)
 from hetpart.segments import Segmentation, segment_plan
 from hetpart.simulate import SimModel, SimulationConfig, plan_simulation_config
 
 __all__ = ["COPY_PLACEMENTS", "EVENT_KINDS", "WORKER_POLICIES", "RequestEvent", "RequestsTimeline", "RuntimeModel",
-           "simulate_requests", "steady_state_period_us"]
+           "sharing_table", "simulate_requests", "steady_state_period_us"]
 
 
 class _Copy(NamedTuple):
@@ -70,7 +74,8 @@ class _Copy(NamedTuple):
 class _Program:
     """The per-request structure of a segmented plan, as flat lists for the event loop."""
 
-    def __init__(self, model: SimModel, seg: Segmentation, dev: Sequence[int], runtime: RuntimeModel) -> None:
+    def __init__(self, model: SimModel, seg: Segmentation, dev: Sequence[int], runtime: RuntimeModel,
+                 pinned: frozenset[int] = frozenset()) -> None:
         names, host, lat = model.names, model.host, model.lat
         self.n_dev = model.n_dev
         k = len(seg.segments)
@@ -121,17 +126,37 @@ class _Program:
         for s in seg.segments:
             for p in self.producers[s.id]:
                 self.readers_of[p].append(s.id)
-        self.pulls: list[list[_Copy]] = []
-        for s in seg.segments:
-            d = self.dev[s.id]
-            pulls = [_Copy((1, position[u]), self.dev[p], d, model.tdur[self.dev[p]][d][u], model.copy_bytes[u], u, p,
-                           []) for u, p in sorted({(i.op_id, i.segment) for i in s.inputs if self.dev[i.segment] != d})]
-            if d != host:
-                pulls += [_Copy((0, x), host, d, model.input_tdur[x][d], model.input_bytes[x], -1 - x, -1, [])
-                          for x in sorted({x for op in s.op_ids for x in model.op_inputs[op]})]
-            self.pulls.append(sorted(pulls, key=lambda c: c.key))
-        self.output_copies = [c for copies in self.copies_after for c in copies
-                              if c.dst == host and model.is_output[c.op_id]]
+        # what each segment reads, wherever its producers ran: (position, op, producer segment), model inputs
+        self.model, self.host = model, host
+        self.reads = [sorted({(position[i.op_id], i.op_id, i.segment) for i in s.inputs}) for s in seg.segments]
+        self.input_reads = [sorted({x for op in s.op_ids for x in model.op_inputs[op]}) for s in seg.segments]
+        self.model_outputs = [(u, s.id) for s in seg.segments for u in s.outputs if model.is_output[u]]
+        # cross-device sharing: each segment's predicted time and input copies on every device
+        duration_on: list[list[float | None]] = [[None] * k for _ in range(model.n_dev)]
+        for w in range(model.n_dev):
+            for s in seg.segments:
+                if all(model.supported[op, w] for op in s.op_ids) and (w == self.dev[s.id] or not any(
+                        op in pinned for op in s.op_ids)):
+                    duration_on[w][s.id] = runtime.overhead_us(names[w]) + sum(lat[w][op] for op in s.op_ids)
+        copy_in = [[sum(c.duration_us for c in self.pulls(s, w, self.dev)) for s in range(k)]
+                   for w in range(model.n_dev)]
+        self.sharing = SharingTable(names, tuple(map(tuple, duration_on)), tuple(map(tuple, copy_in)))
+
+    def pulls(self, s: int, target: int, location: Sequence[int]) -> list[_Copy]:
+        """The copies segment ``s`` needs on device ``target`` when its producers' outputs are on ``location``
+        (per segment): op outputs held elsewhere, and off the host the model inputs, in key order."""
+        model = self.model
+        pulls = [_Copy((0, x), self.host, target, model.input_tdur[x][target], model.input_bytes[x], -1 - x, -1, [])
+                 for x in self.input_reads[s]] if target != self.host else []
+        pulls += [_Copy((1, pos), location[p], target, model.tdur[location[p]][target][u], model.copy_bytes[u], u, p,
+                        []) for pos, u, p in self.reads[s] if location[p] != target]
+        return pulls
+
+    def output_copies(self, location: Sequence[int]) -> list[_Copy]:
+        """The copies of the model outputs made off the host back to it, in issue order."""
+        copies = [_Copy((1, 0), location[p], self.host, self.model.tdur[location[p]][self.host][u],
+                        self.model.copy_bytes[u], u, p, []) for u, p in self.model_outputs if location[p] != self.host]
+        return copies
 
 
 def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runtime: RuntimeModel,
@@ -153,6 +178,9 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
     on_device: list[set[tuple]] = []                  # consumer copies: (copy key, device) already there
     segments_left = [prog.k] * n_req
     ran_on: dict[tuple[int, int], int] = {}           # (request, segment) -> the worker running it
+    location: list[list[int]] = []                    # per request and segment: the device holding its outputs
+    busy_until = [0.0] * prog.n_dev                   # when each busy worker frees
+    across = consumer and policy == "priority" and runtime.sharing and runtime.cross_device_sharing
     peers: list[set[int]] = [set() for _ in range(prog.n_dev)]     # the devices whose segments a worker may run
     if consumer and policy == "priority" and (runtime.continuation or runtime.sharing):
         for group in groups:
@@ -184,6 +212,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         admitted[r] = now
         deps.append([len(p) for p in prog.producers] if consumer else list(prog.n_deps))
         on_device.append(set())
+        location.append(list(prog.dev))
         if runtime.admission_us > 0:
             heapq.heappush(pending, (now + runtime.admission_us, next(counter), "admitted", (r, None)))
         else:
@@ -224,18 +253,22 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                 newly_ready.append(s)
         return newly_ready
 
-    def start_segment(now: float, w: int, r: int, s: int) -> None:
-        """Worker ``w`` starts segment ``s`` of request ``r`` (its own device's, or a peer's by continuation)."""
-        d = prog.dev[s]
+    def start_segment(now: float, w: int, r: int, s: int, taken: bool = False) -> None:
+        """Worker ``w`` starts segment ``s`` of request ``r``: its own device's, a peer's (continuation, sharing;
+        the peer shares the memory of the segment's device) or, ``taken``, another device's (cross-device
+        sharing: its inputs come to ``w``'s device and its outputs stay there)."""
+        d = w if taken else prog.dev[s]
         worker_busy[w] = True
         ran_on[(r, s)] = w
+        location[r][s] = d
         start = now
         if consumer:
-            for pull in prog.pulls[s]:       # a peer shares the memory of the segment's device
+            for pull in prog.pulls(s, d, location[r]):
                 if (pull.key, d) not in on_device[r]:
                     on_device[r].add((pull.key, d))
                     start = copy_event(start, r, pull, d)
-        end = start + prog.duration_us[s]
+        end = start + (prog.sharing.duration_us[w][s] if taken else prog.duration_us[s])
+        busy_until[w] = busy_until_us(prog.sharing, now, d, s)
         heapq.heappush(pending, (end, next(counter), "segment", (r, s)))
         events.append(RequestEvent("segment", r, names[w], start, end, s))
 
@@ -251,6 +284,20 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         queue.remove((r, s))
         heapq.heapify(queue)
         start_segment(now, w, r, s)
+
+    def share_across(now: float) -> None:
+        """Cross-device sharing (``hetpart.cross_sharing``): a free worker with nothing of its own takes the first
+        ready segment (lowest (request, segment id) first) of a busy device that it is predicted to end sooner."""
+        for w in range(prog.n_dev):
+            if worker_busy[w] or worker_queue[w]:
+                continue
+            for d in sorted((d for d in range(prog.n_dev) if d != w and d not in peers[w] and worker_queue[d]
+                             and worker_busy[d]), key=lambda d: worker_queue[d][0]):
+                r, s = worker_queue[d][0]
+                if takes(prog.sharing, now, w, d, s, busy_until[d]):
+                    heapq.heappop(worker_queue[d])
+                    start_segment(now, w, r, s, taken=True)
+                    break
 
     def dispatch(now: float) -> None:
         for d in range(prog.n_dev):
@@ -274,6 +321,8 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                     (r, s), p = min(ready)
                     heapq.heappop(worker_queue[p])
                     start_segment(now, w, r, s)
+        if across:
+            share_across(now)
         for link, queue in link_queue.items():
             if queue and not link_busy.get(link):
                 link_busy[link] = True
@@ -291,9 +340,10 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                 w = ran_on.pop((r, item))
                 newly_ready = satisfy(r, prog.readers_of[item])
                 segments_left[r] -= 1
-                if not segments_left[r] and prog.output_copies:    # this worker copies the outputs back
+                outputs = prog.output_copies(location[r]) if not segments_left[r] else []
+                if outputs:                        # this worker copies the outputs back
                     end = now
-                    for copy in prog.output_copies:
+                    for copy in outputs:
                         end = copy_event(end, r, copy, copy.dst)
                     heapq.heappush(pending, (end, next(counter), "outputs", (r, w)))
                     continue
@@ -329,6 +379,26 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                             steady_state_period_us(completed), in_flight, serial, runtime)
 
 
+def _prepared(graph: OpGraph, costs: CostTable, plan: Plan, runtime: RuntimeModel | None,
+              segmentation: Segmentation | None, config: SimulationConfig | None) -> tuple[_Program, SimModel]:
+    runtime = (runtime or RuntimeModel()).validate(costs.device_names)
+    model = SimModel(graph, costs, config or plan_simulation_config(plan))
+    plan.validate(graph)
+    dev = model.device_indices(plan)
+    model.check_supported(dev)
+    seg = segment_plan(graph, plan) if segmentation is None else segmentation.validate(graph, plan)
+    pinned = frozenset(resolve_pins(graph, plan.pins, costs.device_names))
+    return _Program(model, seg, dev, runtime, pinned), model
+
+
+def sharing_table(graph: OpGraph, costs: CostTable, plan: Plan, *, runtime: RuntimeModel | None = None,
+                  segmentation: Segmentation | None = None, config: SimulationConfig | None = None) -> SharingTable:
+    """The predicted time and input copies of each segment of ``plan`` on every device, with which the simulator and
+    the task runtime decide cross-device sharing (``hetpart.cross_sharing``); arguments as for
+    :func:`simulate_requests`."""
+    return _prepared(graph, costs, plan, runtime, segmentation, config)[0].sharing
+
+
 def simulate_requests(graph: OpGraph, costs: CostTable, plan: Plan, *, n_requests: int = 1,
                       max_in_flight: int | None = None, runtime: RuntimeModel | None = None,
                       segmentation: Segmentation | None = None,
@@ -346,10 +416,6 @@ def simulate_requests(graph: OpGraph, costs: CostTable, plan: Plan, *, n_request
     if not 1 <= in_flight <= n_requests:
         raise UsageError(f"max_in_flight must be between 1 and n_requests ({n_requests}); found {max_in_flight}")
     runtime = (runtime or RuntimeModel()).validate(costs.device_names)
-    model = SimModel(graph, costs, config or plan_simulation_config(plan))
-    plan.validate(graph)
-    dev = model.device_indices(plan)
-    model.check_supported(dev)
-    seg = segment_plan(graph, plan) if segmentation is None else segmentation.validate(graph, plan)
-    return _run(_Program(model, seg, dev, runtime), model.names, n_requests, in_flight, runtime,
-                model.config.serial_links, costs.devices.interchangeable_groups())
+    prog, model = _prepared(graph, costs, plan, runtime, segmentation, config)
+    return _run(prog, model.names, n_requests, in_flight, runtime, model.config.serial_links,
+                costs.devices.interchangeable_groups())

@@ -48,6 +48,9 @@ class PartitionConfig:
     timeslice_segments: str = "runtime"      # timeslice: "runtime" (segment_plan) or "slices" (one per task)
     work_sharing: bool = True                # timeslice, portfolio: the task runtime's workers of equal CPU core groups
                                              # share work (RuntimeModel.continuation and .sharing)
+    cross_device_sharing: bool = False       # timeslice, portfolio: with work_sharing, a free device's worker also
+                                             # takes other devices' segments it ends sooner (every segment is
+                                             # built for every device; RuntimeModel.cross_device_sharing)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pins", dict(self.pins))
@@ -59,8 +62,9 @@ class PartitionConfig:
             raise InvalidPlanError(f"dispatch_overhead_us_by_device must map device names to microseconds >= 0; "
                                    f"found {overheads}")
         object.__setattr__(self, "dispatch_overhead_us_by_device", {str(k): float(v) for k, v in overheads.items()})
-        if not isinstance(self.work_sharing, bool):
-            raise InvalidPlanError(f"work_sharing must be True or False; found {self.work_sharing!r}")
+        for name in ("work_sharing", "cross_device_sharing"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidPlanError(f"{name} must be True or False; found {getattr(self, name)!r}")
         if self.timeslice_segments not in ("runtime", "slices"):
             raise InvalidPlanError(f"timeslice_segments must be 'runtime' or 'slices'; found {self.timeslice_segments!r}")
         for name in ("requests", "slice_steps"):
@@ -252,7 +256,12 @@ def finish_plan(problem: Problem, dev: Sequence[int], order: Sequence[int], *, s
         for_task_runtime = bool(problem.config.dispatch_overhead_us_by_device) or problem.config.requests > 1
         sharing = for_task_runtime and problem.config.work_sharing and any(
             set(group) == set(names) for group in problem.costs.devices.interchangeable_groups())
-        if sharing:      # the task runtime's workers share work: every group still serves requests
+        across = for_task_runtime and problem.config.work_sharing and problem.config.cross_device_sharing
+        if across:
+            notes.append(f"{problem.method} puts all {problem.n} ops on {used[0]!r}: with cross-device sharing the "
+                         f"task runtime's other workers ({', '.join(n for n in names if n != used[0])}) take "
+                         "requests they are predicted to end sooner")
+        elif sharing:      # the task runtime's workers share work: every group still serves requests
             notes.append(f"{problem.method} puts all {problem.n} ops on {used[0]!r}: the task runtime spreads "
                          f"requests in flight over {list(names)}, equal core groups that share work")
         else:

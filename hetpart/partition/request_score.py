@@ -78,9 +78,12 @@ def score_assignment(problem: Problem, dev: Sequence[int], order: Sequence[int],
 
 def runtime_model(config: PartitionConfig, device_names: Sequence[str]) -> RuntimeModel:
     """The task runtime's model a partition config describes: its overhead per segment, copies on the consumer,
-    work shared between equal CPU core groups unless ``config.work_sharing`` is off."""
+    work shared between equal CPU core groups unless ``config.work_sharing`` is off, and across devices with
+    ``config.cross_device_sharing``."""
     return RuntimeModel(config.dispatch_overhead_us_by_device, copies="consumer", continuation=config.work_sharing,
-                        sharing=config.work_sharing).validate(device_names)
+                        sharing=config.work_sharing,
+                        cross_device_sharing=config.work_sharing and config.cross_device_sharing
+                        ).validate(device_names)
 
 
 def choose_for_requests(problem: Problem, candidates: Sequence[tuple[str, Sequence[int], Sequence[int]]],
