@@ -103,6 +103,9 @@ class SegmentBuild:
     # The plan's devices in DeviceSet order (the host first): name, kind and the cores of a CPU device (empty: any).
     devices: tuple[dict[str, Any], ...] = ()
     gpu_executable: Any = None                  # the GPU segment functions compiled for CUDA (None: emulated/none)
+    # Cross-device sharing: every segment function built for every device, and each segment's predicted time and
+    # input copies per device (hetpart.cross_sharing.SharingTable.to_dict()); None: each is built for its device
+    sharing: dict[str, Any] | None = None
 
 
 class _SegmentEmitter:
@@ -275,13 +278,16 @@ def _input_specs(func: relax.Function) -> tuple[dict[str, Any], ...]:
 def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: Sequence[str] = ("gpu",), *,
                    emulate_gpu: bool = True, cpu_target: Any = None,
                    tuning_database: str | Path | None = None,
-                   devices: Sequence[dict[str, Any]] = (), gpu_target: Any = None) -> SegmentBuild:
+                   devices: Sequence[dict[str, Any]] = (), gpu_target: Any = None,
+                   sharing: Any = None) -> SegmentBuild:
     """Emit the segment functions of ``mod["main"]`` and compile them: the CPU segments (and, with
     ``emulate_gpu``, the GPU ones, run on a second CPU device) into one executable for the host CPU target with
     hetpart's CPU pipeline (``tvm_passes.schedules.cpu_pipeline``); with ``emulate_gpu=False`` the segments on
     ``gpu_devices`` into a second executable for ``gpu_target`` (e.g. ``{"kind": "cuda", "arch": "sm_75"}``) with
     TVM's CUDA pipeline (DLight schedules). ``devices`` (name, kind and cores per device, the host first) is
-    recorded for the task runtime."""
+    recorded for the task runtime. ``sharing`` (a :class:`hetpart.cross_sharing.SharingTable` of these segments):
+    build every segment function for every device (the GPU executable holds the CPU segments too) so that the
+    task runtime's workers may run each other's segments, and record the table for it."""
     from tvm.target import Target
 
     from tvm_passes.schedules.pipeline import cpu_pipeline, default_cpu_target
@@ -292,12 +298,15 @@ def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: S
         raise BuildError("GPU segments compiled for the GPU need its target: pass gpu_target (e.g. "
                          "{'kind': 'cuda', 'arch': 'sm_75'}), or emulate_gpu=True")
     seg_mod, program = emit_segment_functions(mod, segmentation)
+    if sharing is not None:
+        sharing = sharing.validate(len(program.functions)).to_dict()
     target = cpu_target if isinstance(cpu_target, Target) else (
         Target(dict(cpu_target)) if cpu_target is not None else default_cpu_target())
     gpu_executable = None
     if on_gpu and not emulate_gpu:
-        gpu_names = {f.name for f in program.functions if f.device in gpu_devices}
-        seg_mod, gpu_mod = _split_functions(seg_mod, gpu_names)
+        gpu_names = {f.name for f in program.functions if f.device in gpu_devices or sharing is not None}
+        rest, gpu_mod = _split_functions(seg_mod, gpu_names)
+        seg_mod = seg_mod if sharing is not None else rest       # sharing: the CPU executable keeps every one
         gpu_executable = _compile_gpu(gpu_mod, gpu_target, target)
     try:
         with native_output_to_log():
@@ -311,7 +320,7 @@ def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: S
                         build_time_s=seconds, stats={"segments": len(program.functions)},
                         devices=tuple({"name": str(d["name"]), "kind": str(d["kind"]),
                                        "cores": [int(c) for c in d.get("cores", ())]} for d in devices),
-                        gpu_executable=gpu_executable)
+                        gpu_executable=gpu_executable, sharing=sharing)
 
 
 def _split_functions(mod: tvm.IRModule, names: set[str]) -> tuple[tvm.IRModule, tvm.IRModule]:
@@ -381,7 +390,8 @@ def export_segments(build: SegmentBuild, out_dir: str | Path) -> Path:
                                                      "build_time_s": build.build_time_s,
                                                      "devices": list(build.devices),
                                                      "gpu_library": SEGMENTS_GPU_LIBRARY
-                                                     if build.gpu_executable is not None else None}, indent=1))
+                                                     if build.gpu_executable is not None else None,
+                                                     "sharing": build.sharing}, indent=1))
     return out
 
 
@@ -409,4 +419,5 @@ def load_segments(directory: str | Path) -> SegmentBuild:
             raise BuildError(f"cannot load {path / data['gpu_library']} (its GPU segments need CUDA): {exc}") from exc
     return SegmentBuild(executable, SegmentProgram.from_dict(data["program"]), tuple(data["inputs"]),
                         emulated=bool(data["emulated"]), build_time_s=float(data.get("build_time_s", 0.0)),
-                       devices=tuple(data.get("devices", ())), gpu_executable=gpu_executable)
+                        devices=tuple(data.get("devices", ())), gpu_executable=gpu_executable,
+                        sharing=data.get("sharing"))

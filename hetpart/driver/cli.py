@@ -7,7 +7,7 @@ import logging
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from hetpart.driver.console import console as _console
 from hetpart.errors import HetpartError
@@ -135,6 +135,15 @@ def _parse_pins(items: Sequence[str]) -> dict[str, str]:
     return pins
 
 
+def _partition_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    options: dict[str, Any] = {}
+    if args.timeslice_segments:
+        options["timeslice_segments"] = args.timeslice_segments
+    if args.cross_device_sharing:
+        options["cross_device_sharing"] = True
+    return options or None
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -153,8 +162,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                                cpu_predictor=args.cpu_predictor, output_dir=out_dir, overwrite=args.force,
                                segments=args.segments, requests=args.requests, slice_steps=args.slice_steps,
                                rnn_projection=args.rnn_projection,
-                               partition_options=({"timeslice_segments": args.timeslice_segments}
-                                                  if args.timeslice_segments else None),
+                               partition_options=_partition_options(args),
                                progress=lambda msg: (progress.update(task, description=msg), log.info("%s", msg)))
     s = summary(compiled._report_data())
     console.print(f"[bold]{s['model']}[/bold]: {s['method']} plan, predicted {s['makespan_us']:,.0f} µs per inference")
@@ -283,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "plan on the task runtime as maximal one-device segments (runtime, the default) or as one segment "
                    "per time-slice task, which lets requests interleave at slice boundaries (slices; the scheduler "
                    "simulates both and keeps the better cut for this choice)")
+    p.add_argument("--cross-device-sharing", action="store_true", help="timeslice, portfolio: plan for a task "
+                   "runtime whose free device takes another device's ready segment when it is predicted to end it "
+                   "sooner (request-level balancing inside the plan); --segments then builds every segment for "
+                   "every device")
     p.add_argument("--pin", action="append", default=[], metavar="OP=DEVICE",
                    help="force ops (name, glob, or op:relax.nn.conv2d) onto a device (repeatable)")
     p.add_argument("--plan", type=Path, help="use this plan.json (e.g. an edited one) instead of planning")

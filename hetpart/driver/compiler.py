@@ -145,19 +145,36 @@ def _simulate_baselines(graph: OpGraph, costs: CostTable, config) -> dict[str, f
 
 
 def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, graph: OpGraph, plan: Plan, choice: DeviceChoice,
-                    emulate: bool, tuning_database: Path | None) -> Any:
+                    emulate: bool, tuning_database: Path | None, costs: CostTable, across: Any = None) -> Any:
     """The plan's segments (:func:`hetpart.driver.task_segments.runtime_segmentation`: one per time-slice task for a
     plan that needs it, else :func:`hetpart.segments.segment_plan`), each one function of one executable for the task
-    runtime."""
-    from hetpart.driver.task_segments import runtime_segmentation
+    runtime. ``across`` (the runtime model of a plan made for cross-device sharing): the kernel-level segments
+    expanded (ids kept), every one built for every device, with their :func:`hetpart.simulate_requests.sharing_table`."""
+    from hetpart.driver.task_segments import kernel_segmentation, runtime_segmentation
+    from hetpart.segments import expand_segmentation, segment_plan
+    from hetpart.simulate_requests import sharing_table
     from tvm_passes.segment_build import build_segments
 
     gpus = [d.name for d in choice.devices.devices if d.kind == "gpu"]
     devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in choice.devices.devices]
     gpu_target = dict(choice.devices.device(gpus[0]).target) if gpus else None
-    segmentation = runtime_segmentation(op_graph, op_plan, graph, plan)
-    return build_segments(mod, segmentation, gpus, emulate_gpu=emulate,
-                          tuning_database=tuning_database, devices=devices, gpu_target=gpu_target)
+    table = None
+    if across is None:
+        segmentation = runtime_segmentation(op_graph, op_plan, graph, plan)
+    else:
+        kernel_segments = kernel_segmentation(graph, plan) or segment_plan(graph, plan)
+        segmentation = expand_segmentation(kernel_segments, graph, op_graph, op_plan)
+        table = sharing_table(graph, costs, plan, runtime=across, segmentation=kernel_segments)
+    return build_segments(mod, segmentation, gpus, emulate_gpu=emulate, tuning_database=tuning_database,
+                          devices=devices, gpu_target=gpu_target, sharing=table)
+
+
+def _cross_sharing_model(plan: Plan, overhead: Any, costs: CostTable) -> Any:
+    """The task runtime's model with cross-device sharing when the plan was made for it (partition options
+    ``cross_device_sharing`` and ``work_sharing``) and its overheads were measured, else None."""
+    if overhead is None or not (plan.config.get("cross_device_sharing") and plan.config.get("work_sharing", True)):
+        return None
+    return replace(overhead.runtime_model(costs.device_names), cross_device_sharing=True)
 
 
 def _measure_overhead(choice: DeviceChoice, costs: CostTable) -> Any:
@@ -171,17 +188,17 @@ def _measure_overhead(choice: DeviceChoice, costs: CostTable) -> Any:
 
 
 def _predict_task_runtime(graph: OpGraph, costs: CostTable, plan: Plan, overhead: Any,
-                          segments: int) -> dict[str, Any]:
+                          segments: int, across: Any = None) -> dict[str, Any]:
     """The task runtime's predicted figures, with its measured overhead per segment, simulated with the segments
     the runtime runs (one per time-slice task for a plan that needs it)."""
     from hetpart.driver.report_fidelity import predict_task_runtime
     from hetpart.driver.task_segments import kernel_segmentation
     from hetpart.simulate_requests import simulate_requests
 
-    predicted = predict_task_runtime(graph, costs, plan, overhead, segments)
+    predicted = predict_task_runtime(graph, costs, plan, overhead, segments, model=across)
     per_task = kernel_segmentation(graph, plan)
     if per_task is not None:      # predict_task_runtime simulates segment_plan's segments; re-simulate with the tasks
-        model = overhead.runtime_model(costs.device_names)
+        model = across or overhead.runtime_model(costs.device_names)
         one = simulate_requests(graph, costs, plan, n_requests=1, runtime=model, segmentation=per_task)
         many = simulate_requests(graph, costs, plan, n_requests=int(predicted["requests"]), runtime=model,
                                  segmentation=per_task)
@@ -332,13 +349,16 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     built = build(annotated, choice.devices, emulate_gpu=emulate,
                   tuning_database=tuning if has_database(tuning) else None)
     segment_build = task_runtime = None
+    across = _cross_sharing_model(chosen, overhead, costs)
     if segments:
-        say("building the plan's segments for the task runtime")
+        say("building the plan's segments for the task runtime"
+            + (", each for every device (cross-device sharing)" if across is not None else ""))
         segment_build = _build_segments(imported.mod, op_graph, op_plan, graph, chosen, choice, emulate,
-                                        tuning if has_database(tuning) else None)
+                                        tuning if has_database(tuning) else None, costs, across)
     lap("build")
     if segment_build is not None and overhead is not None:
-        task_runtime = _predict_task_runtime(graph, costs, chosen, overhead, len(segment_build.program.functions))
+        task_runtime = _predict_task_runtime(graph, costs, chosen, overhead, len(segment_build.program.functions),
+                                             across)
     source = {"model": str(model) if isinstance(model, (str, Path)) else type(model).__name__,
               "name": imported.name, "source_kind": imported.source_kind, "source_hash": imported.source_hash,
               "onnx_path": str(imported.onnx_path) if imported.onnx_path else None,

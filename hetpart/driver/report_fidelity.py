@@ -95,6 +95,10 @@ def task_runtime_section(devices: DeviceSet, prediction: Mapping[str, Any] | Non
         sharing = (" Equal CPU core groups (" + "; ".join(", ".join(g) for g in groups) + ") share work: a worker with "
                    "nothing of its own runs the others' ready segments, so requests in flight spread over all of "
                    "them whatever the placement (`--no-work-sharing` keeps it).") if groups else ""
+        if prediction.get("cross_device_sharing"):
+            sharing += (" Every segment is built for every device (cross-device sharing): a free worker takes another "
+                        "device's ready segment when it is predicted to end it sooner, so whole requests also balance "
+                        "across the devices (`--no-work-sharing` keeps the placement).")
         lines += [f"With `hetpart run DIR --mode tasks` the plan's {prediction['segments']} segments run on one worker "
                   f"thread per device.{sharing} Predicted with the runtime's overheads measured at compile time "
                   f"({prediction['overhead_per_segment_us']:,.1f} µs per segment" + _per_request_clause(prediction)
@@ -110,16 +114,18 @@ def task_runtime_section(devices: DeviceSet, prediction: Mapping[str, Any] | Non
 
 
 def predict_task_runtime(graph: Any, costs: Any, plan: Any, overhead: Any, segments: int,
-                         requests: int = 16) -> dict[str, Any]:
-    """The numbers :func:`task_runtime_section` shows: ``simulate_requests`` for one and ``requests`` requests."""
+                         requests: int = 16, model: Any = None) -> dict[str, Any]:
+    """The numbers :func:`task_runtime_section` shows: ``simulate_requests`` for one and ``requests`` requests
+    (``model``: the runtime model, by default ``overhead.runtime_model``)."""
     import numpy as np
 
     from hetpart.simulate_requests import simulate_requests
 
-    model = overhead.runtime_model(costs.device_names)
+    model = model or overhead.runtime_model(costs.device_names)
     one = simulate_requests(graph, costs, plan, n_requests=1, runtime=model)
     many = simulate_requests(graph, costs, plan, n_requests=requests, runtime=model)
     return {"requests": requests, "segments": segments, "overhead_per_segment_us": overhead.overhead_us,
+            "cross_device_sharing": model.cross_device_sharing,
             "admission_us": model.admission_us, "completion_us": model.completion_us,
             "overhead_measured_at": overhead.measured_at, "one_request_us": one.makespan_us,
             "period_us": many.period_us, "p50_latency_us": float(np.median(many.latency_us))}

@@ -31,6 +31,10 @@ What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model
   the other groups' ready segment with the lowest (request index, segment id); a push wakes the segment's own
   worker when it is idle, else an idle peer. A plan on one group then serves requests on every group, as a serving
   system would, and a pipeline's less busy stage helps the busier one;
+- cross-device sharing (``cross_device_sharing``; by default on when the segments were built for every device,
+  ``hetpart compile --cross-device-sharing``): a free worker with nothing of its own or its peers' takes a busy
+  device's first ready segment when it is predicted to end it sooner (``hetpart.cross_sharing``, with the table
+  the compile recorded); the outputs stay on its device (``hetpart.driver.task_cross``);
 - an exception in a segment (or a bad input) fails only that request's future; the runtime keeps serving;
 - ``threads_per_device`` gives each worker its own TVM pool size (``runtime.config_threadpool`` in that thread;
   it cannot exceed ``TVM_NUM_THREADS``); a CPU device with cores (``--devices cpu:0,cpu:1``) gets one thread per
@@ -55,7 +59,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from hetpart.cross_sharing import SharingTable
 from hetpart.devices import interchangeable_cpu_groups
+from hetpart.driver.task_cross import CrossSharing
 from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, UsageError
 from hetpart.driver.inputs import check_inputs
 from hetpart.driver.task_workers import SegmentRun, _copy, _flatten, _Request, _Worker
@@ -78,7 +84,7 @@ class TaskRuntime:
     def __init__(self, build: Any, *, runtime_devices: Mapping[str, Any] | None = None, host: str | None = None,
                  threads_per_device: Mapping[str, int] | None = None, start_timeout_s: float = 120.0,
                  trace: bool = False, index_bounds: Mapping[str, int] | None = None, continuation: bool = True,
-                 sharing: bool = True):
+                 sharing: bool = True, cross_device_sharing: bool | None = None):
         ensure_tvm_threads()
         import tvm
 
@@ -125,13 +131,22 @@ class TaskRuntime:
         self._lock = threading.Lock()
         self._conds: dict[str, threading.Condition] = {}
         self._workers: dict[str, _Worker] = {}
+        self._across: CrossSharing | None = None        # cross-device sharing (segments built for every device)
+        if cross_device_sharing is None:
+            cross_device_sharing = sharing and build.sharing is not None
+        if cross_device_sharing:
+            if build.sharing is None:
+                raise UsageError("cross-device sharing needs every segment built for every device; compile with "
+                                 "--cross-device-sharing (partition option cross_device_sharing=True)")
+            self._across = CrossSharing(SharingTable.from_dict(build.sharing), [f.device for f in functions],
+                                        self._workers, self._peers, self._conds)
         self._requests: dict[int, _Request] = {}
         self._counter = itertools.count()
         self._closing = False
         self._started = threading.Event()
         for name in names:
             if not any(f.device == name for f in functions) and name != self.host and not (
-                    self._sharing and name in self._peers):        # an idle core group can still take work
+                    self._sharing and name in self._peers) and self._across is None:   # idle, it may still take work
                 continue
             worker = _Worker(name, runtime_devices[name], threads.get(name), cores.get(name, ()))
             self._workers[name] = worker
@@ -313,6 +328,8 @@ class TaskRuntime:
         target = owner if owner.idle or not self._sharing else next(
             (self._workers[p] for p in sorted(self._peers.get(device, ())) if self._workers[p].idle), None)
         if target is None:                   # every worker that may run it is busy: the first free one takes it
+            if self._across is not None:     # unless another device's idle worker is predicted to end it sooner
+                self._across.offer(owner)
             return
         if target.idle:
             target.idle = False              # it will take a segment: the next push wakes another idle worker,
@@ -337,7 +354,7 @@ class TaskRuntime:
                 worker.stream = worker.runtime_device.create_raw_stream()
                 worker.runtime_device.set_raw_stream(worker.stream)
             served = {worker.device} | self._peers.get(worker.device, set())
-            mine = [f for f in self.program.functions if f.device in served]
+            mine = [f for f in self.program.functions if f.device in served or self._across is not None]
             vm, by_name = new_virtual_machine(self.build.gpu_executable if on_cuda else self.build.executable,
                                               worker.runtime_device, [f.name for f in mine])    # vm lives on
             calls = {f.segment: by_name[f.name] for f in mine}
@@ -355,6 +372,8 @@ class TaskRuntime:
                         peers = [self._workers[p] for p in sorted(self._peers.get(worker.device, ()))
                                  if p in self._workers]
                     source = worker if worker.heap else self._peer_to_take_from(peers or [])
+                    if source is None and self._across is not None:
+                        source = self._across.owner_to_take_from(worker)
                     if source is not None or self._closing:
                         break
                     worker.idle, worker.woken = True, 0       # both set by the push that wakes it
@@ -364,10 +383,16 @@ class TaskRuntime:
                 worker.woken = 0                     # awake now: whatever it was woken for is its to take
                 index, segment = heapq.heappop(source.heap)
                 request = self._requests.get(index)
+                if self._across is not None:
+                    self._mark_started(worker, segment)
+                    if source is worker:
+                        self._across.offer(worker)       # the next segment queued here may go elsewhere
             if request is None or request.failed:
                 continue
             next_segment: int | None = segment
             while next_segment is not None:         # a segment it took on by continuation runs right after
+                if self._across is not None and next_segment != segment:     # taken on by continuation
+                    self._mark_started(worker, next_segment)
                 segment = next_segment
                 try:
                     started = time.perf_counter()
@@ -379,6 +404,12 @@ class TaskRuntime:
                     self._fail(request, exc)
                     break
                 next_segment = self._segment_done(request, segment, worker)
+
+    def _mark_started(self, worker: _Worker, segment: int) -> None:
+        planned = self.program.functions[segment].device
+        assert self._across is not None
+        self._across.started(worker, segment, taken=planned != worker.device
+                             and planned not in self._peers.get(worker.device, ()))
 
     def _operand(self, request: _Request, key: Any, value: Any, source: str, worker: _Worker) -> Any:
         if self._memory_of[source] == self._memory_of[worker.device]:
@@ -395,14 +426,16 @@ class TaskRuntime:
         segment_of = self.program.segment_of
         started = time.perf_counter()
         args = [self._operand(request, ("in", k), request.inputs[k], self.host, worker) for k in fn.input_params]
-        args += [self._operand(request, op, request.values[op], self.program.functions[segment_of[op]].device,
-                               worker) for op in fn.op_params]
+        args += [self._operand(request, op, request.values[op], request.held_on.get(
+            op, self.program.functions[segment_of[op]].device), worker) for op in fn.op_params]
         copy_s = time.perf_counter() - started
         result = call(*args)
         if worker.stream is not None:     # the outputs are ready for other workers' copies once the stream is done
             worker.runtime_device.sync(worker.stream)
         for k, op in enumerate(fn.outputs):
             request.values[op] = result[k]
+            if worker.device != fn.device:          # run by a peer core group or across devices: held there
+                request.held_on[op] = worker.device
         return copy_s
 
     def _segment_done(self, request: _Request, segment: int, worker: _Worker) -> int | None:

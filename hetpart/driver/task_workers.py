@@ -30,6 +30,8 @@ class _Request:
     remaining: int                                     # segments not yet ended
     values: dict[int, Any] = field(default_factory=dict)             # op id -> tensor on its producer's device
     copies: dict[tuple[Any, str], Any] = field(default_factory=dict)  # (op id or ("in", k), device) -> copy
+    held_on: dict[int, str] = field(default_factory=dict)            # op id -> the worker's device that made it,
+                                                                     # where not its segment's planned device
     failed: bool = False
 
 
@@ -48,6 +50,7 @@ class _Worker:
     error: BaseException | None = None
     idle: bool = False                                            # waiting for work (the runtime's lock held)
     woken: int = 0                                                # pushes that woke it since it last took work
+    busy_until_us: float = 0.0                                    # cross-device sharing: its segment's predicted end
 
 
 def _copy(value: Any, device: Any) -> Any:

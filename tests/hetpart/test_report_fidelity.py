@@ -49,3 +49,6 @@ def test_the_task_runtime_section_says_equal_core_groups_share_work():
     assert "Equal CPU core groups (cpu0, cpu1) share work" in shared and "--no-work-sharing" in shared
     gpu = DeviceSet((cpu_device(), gpu_from_preset("t4")), preset_links("t4"))
     assert "share work" not in "\n".join(task_runtime_section(gpu, prediction))
+    across = "\n".join(task_runtime_section(gpu, {**prediction, "cross_device_sharing": True}))
+    assert "built for every device (cross-device sharing)" in across
+    assert "cross-device" not in "\n".join(task_runtime_section(gpu, {**prediction, "cross_device_sharing": False}))

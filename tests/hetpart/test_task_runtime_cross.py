@@ -1,0 +1,124 @@
+"""Cross-device sharing in the task runtime (GPU emulated on cpu(1)): with every segment built for every device, a
+free worker takes a busy device's ready segment when the sharing table predicts it ends it sooner; the outputs stay
+on its device and the readers copy them from there. Numerics against the sequential executable."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hetpart
+from hetpart.cross_sharing import SharingTable
+from hetpart.errors import UsageError
+from hetpart.segments import segment_plan
+
+pytestmark = pytest.mark.tvm
+
+SIZE = 64
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return hetpart.compile("squeezenet1_1", size=SIZE, devices="cpu,gpu=t4", method="all_gpu",
+                           pins={"op:relax.nn.*pool2d": "cpu"})
+
+
+@pytest.fixture(scope="module")
+def module(compiled):
+    from tvm_passes.sources import import_model
+
+    return import_model(compiled.source["onnx_path"],
+                        input_shapes={i["name"]: i["shape"] for i in compiled.source["inputs"]}).mod
+
+
+def _table(n_segments: int, cpu_us: float, gpu_us: float) -> SharingTable:
+    return SharingTable(("cpu", "gpu"), ((cpu_us,) * n_segments, (gpu_us,) * n_segments),
+                        ((0.0,) * n_segments, (0.0,) * n_segments))
+
+
+def _build(compiled, module, cpu_us: float, gpu_us: float):
+    from tvm_passes.segment_build import build_segments
+
+    segmentation = segment_plan(compiled.op_graph, compiled.op_plan)
+    return build_segments(module, segmentation, ["gpu"], sharing=_table(len(segmentation.segments), cpu_us, gpu_us))
+
+
+def _inputs(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, 3, SIZE, SIZE)).astype(np.float32) for _ in range(n)]
+
+
+def _run(build, xs, **options):
+    from hetpart.driver.task_runtime import TaskRuntime
+
+    with TaskRuntime(build, trace=True, threads_per_device={"cpu": 1, "gpu": 1}, **options) as rt:
+        outputs, _ = rt.run_many([[x] for x in xs], max_in_flight=len(xs))
+        planned = [f.device for f in rt.program.functions]
+        return outputs, [(run.device, planned[run.segment]) for run in rt.trace], rt.copies_made
+
+
+def _matches(compiled, xs, outputs) -> None:
+    for x, ours in zip(xs, outputs):
+        for a, b in zip(ours, compiled(x)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_free_cpu_takes_gpu_segments_predicted_to_end_sooner_and_the_numerics_hold(compiled, module):
+    xs = _inputs(8, seed=1)
+    outputs, runs, copies = _run(_build(compiled, module, cpu_us=1.0, gpu_us=1e6), xs)
+    _matches(compiled, xs, outputs)
+    assert ("cpu", "gpu") in runs             # a GPU segment ran on the CPU worker
+    assert copies > 0
+
+
+def test_nothing_is_taken_when_the_taker_is_predicted_slower(compiled, module):
+    xs = _inputs(6, seed=2)
+    outputs, runs, _ = _run(_build(compiled, module, cpu_us=1e6, gpu_us=1.0), xs)
+    _matches(compiled, xs, outputs)
+    assert ("cpu", "gpu") not in runs        # the GPU may still take a CPU segment: it is predicted faster
+
+
+def test_off_keeps_the_placement(compiled, module):
+    xs = _inputs(6, seed=3)
+    outputs, runs, _ = _run(_build(compiled, module, cpu_us=1.0, gpu_us=1e6), xs, cross_device_sharing=False)
+    _matches(compiled, xs, outputs)
+    assert all(device == planned for device, planned in runs)
+
+
+def test_the_table_round_trips_with_the_segments_and_a_build_without_it_refuses(compiled, module, tmp_path):
+    from hetpart.driver.task_runtime import TaskRuntime
+    from tvm_passes.segment_build import build_segments, export_segments, load_segments
+
+    build = _build(compiled, module, cpu_us=1.0, gpu_us=1e6)
+    export_segments(build, tmp_path)
+    loaded = load_segments(tmp_path)
+    assert loaded.sharing == build.sharing and SharingTable.from_dict(loaded.sharing).n_segments == len(
+        build.program.functions)
+    plain = build_segments(module, segment_plan(compiled.op_graph, compiled.op_plan), ["gpu"])
+    assert plain.sharing is None
+    with pytest.raises(UsageError, match="--cross-device-sharing"):
+        TaskRuntime(plain, cross_device_sharing=True)
+
+
+def test_a_compile_made_for_cross_device_sharing_builds_and_runs_it(tmp_path):
+    """portfolio planned for 8 requests with cross-device sharing: the segments carry the table, the prediction
+    says so, and the directory runs in tasks mode with the sequential executable's outputs."""
+    out = tmp_path / "sq"
+    compiled = hetpart.compile("squeezenet1_1", size=SIZE, devices="cpu,gpu=t4", method="portfolio", requests=8,
+                               segments=True, output_dir=out, partition_options={"cross_device_sharing": True})
+    assert compiled.plan.config["cross_device_sharing"] is True
+    table = SharingTable.from_dict(compiled.segments.sharing)
+    assert table.n_segments == len(compiled.segments.program.functions) and table.devices == ("cpu", "gpu")
+    assert compiled.task_runtime["cross_device_sharing"] is True
+    xs = _inputs(4, seed=4)
+    with hetpart.load(out, mode="tasks") as tasks:
+        outputs, _ = tasks.run_many([[x] for x in xs], max_in_flight=4)
+    _matches(compiled, xs, outputs)
+
+
+def test_the_cli_flag_becomes_the_partition_option():
+    from hetpart.driver.cli import _partition_options, build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["compile", "lstm_lm", "--method", "timeslice", "--cross-device-sharing"])
+    assert _partition_options(args) == {"cross_device_sharing": True}
+    assert _partition_options(parser.parse_args(["compile", "lstm_lm"])) is None
