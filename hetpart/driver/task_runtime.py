@@ -325,8 +325,10 @@ class TaskRuntime:
         device = self.program.functions[segment].device
         owner = self._workers[device]
         heapq.heappush(owner.heap, (index, segment))
-        target = owner if owner.idle or not self._sharing else next(
-            (self._workers[p] for p in sorted(self._peers.get(device, ())) if self._workers[p].idle), None)
+        target: _Worker | None = owner
+        if not owner.idle:
+            target = next((self._workers[p] for p in sorted(self._peers.get(device, ())) if self._workers[p].idle),
+                          None) if self._sharing else None
         if target is None:                   # every worker that may run it is busy: the first free one takes it
             if self._across is not None:     # unless another device's idle worker is predicted to end it sooner
                 self._across.offer(owner)
