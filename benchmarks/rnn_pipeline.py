@@ -14,11 +14,17 @@ Per configuration, GPU preset and request count R:
   ``cp_greedy`` (one request's plan, replicated per request), scored with R requests in flight;
 * request-level load balancing (``hetpart.partition.request_balance``): each whole request on the device that frees
   first;
-* the two-device limit: the sum of the two devices' throughputs running whole requests back to back.
+* the two-device limit: the sum of the two devices' throughputs running whole requests back to back;
+* ``timeslice_shared``: timeslice planned with ``cross_device_sharing`` (its candidates scored with that runtime
+  model) and simulated with ``RuntimeModel(..., cross_device_sharing=True)``: a free device's worker runs a ready
+  segment planned for the other, busy device when it is predicted to end it sooner (``hetpart/cross_sharing.py``;
+  the task runtime then needs every segment built for every device). The goals are computed for it as for
+  ``timeslice``, against the same baselines and request balancing (simulated without sharing).
 
 Throughput is R / makespan (requests per second over the whole batch). Latencies are per request, completion minus
 admission, in two admission regimes: all R requests waiting at t = 0 (``batch``) and at most two in flight, one per
-device (``closed``: a completion admits the next).
+device (``closed``: a completion admits the next). The ablation (``--ablation``) plans and simulates the static
+``timeslice`` only.
 
     python benchmarks/rnn_pipeline.py        # writes benchmarks/results/rnn_pipeline.json and rnn_pipeline/README.md
 
@@ -175,6 +181,8 @@ def plan_figures(graph: OpGraph, costs: CostTable, plan: Plan, n: int, runtime: 
 
 def run_case(graph: OpGraph, costs: CostTable, n: int, runtime: RuntimeModel, slice_steps: int,
              segments: str = "runtime", baselines: bool = True) -> dict[str, Any]:
+    """``timeslice`` (static placement); with ``baselines`` also all_cpu, all_gpu, cp_greedy, request balancing,
+    the two-device limit and ``timeslice_shared`` (planned and simulated with cross-device sharing)."""
     overheads = dict(runtime.dispatch_overhead_us_by_device)
     config = {"requests": n, "slice_steps": slice_steps, "dispatch_overhead_us_by_device": overheads,
               "timeslice_segments": segments}
@@ -189,6 +197,16 @@ def run_case(graph: OpGraph, costs: CostTable, n: int, runtime: RuntimeModel, sl
                             published=plan.stats["published_criterion"], baselines=plan.stats["baselines"])
     if not baselines:
         return row
+    shared_config = {**config, "cross_device_sharing": True}
+    started = time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        shared = partition(graph, costs, "timeslice", shared_config)
+    shared_cpu_s = time.process_time() - started
+    row["timeslice_shared"] = plan_figures(graph, costs, shared, n, replace(runtime, cross_device_sharing=True))
+    row["timeslice_shared"].update(chosen=shared.stats["chosen"], planner_cpu_s=shared_cpu_s,
+                                   segments=shared.stats["segments"], published=shared.stats["published_criterion"],
+                                   baselines=shared.stats["baselines"])
     for method, base in plans.items():
         row[method] = plan_figures(graph, costs, base, n, runtime)
     balance = simulate_request_balance(graph, costs, n_requests=n, runtime=runtime)
@@ -200,8 +218,10 @@ def run_case(graph: OpGraph, costs: CostTable, n: int, runtime: RuntimeModel, sl
     return row
 
 
-def goals(row: dict[str, Any], n: int) -> dict[str, Any]:
-    ts = row["timeslice"]
+def goals(row: dict[str, Any], n: int, variant: str = "timeslice") -> dict[str, Any]:
+    """The goals of ``row[variant]`` (``timeslice`` or ``timeslice_shared``) against the row's baselines, request
+    balancing and two-device limit."""
+    ts = row[variant]
     thr = ts["batch"]["throughput_per_s"]
     best_base = max(row[m]["batch"]["throughput_per_s"] for m in BASELINES)
     single = max(row[m]["batch"]["throughput_per_s"] for m in ("all_cpu", "all_gpu"))
@@ -231,8 +251,8 @@ def _plan_text(chosen: dict[str, Any]) -> str:
 
 
 def _md_row(r: dict[str, Any]) -> str:
-    ts, lb = r["timeslice"], r["request_balance"]
-    g = r["goals"]
+    ts, lb, sh = r["timeslice"], r["request_balance"], r["timeslice_shared"]
+    g, gs = r["goals"], r["goals_shared"]
     thr = {m: r[m]["batch"]["throughput_per_s"] for m in ("timeslice", "all_cpu", "all_gpu", "cp_greedy")}
     what = _plan_text(ts["chosen"])
     return (f"| {r['config']} | {r['requests']} | {what} | {thr['timeslice']:,.0f} | {thr['all_cpu']:,.0f} | "
@@ -241,30 +261,36 @@ def _md_row(r: dict[str, Any]) -> str:
             f"{ts['batch']['p50_us'] / 1e3:,.1f} / {ts['batch']['p99_us'] / 1e3:,.1f} | "
             f"{lb['batch']['p50_us'] / 1e3:,.1f} / {lb['batch']['p99_us'] / 1e3:,.1f} | "
             f"{ts['closed']['throughput_per_s']:,.0f}, {ts['closed']['p99_us'] / 1e3:,.1f} | "
-            f"{lb['closed']['throughput_per_s']:,.0f}, {lb['closed']['p99_us'] / 1e3:,.1f} |")
+            f"{lb['closed']['throughput_per_s']:,.0f}, {lb['closed']['p99_us'] / 1e3:,.1f} | "
+            f"{_plan_text(sh['chosen'])} | {sh['batch']['throughput_per_s']:,.0f} | {gs['share_of_limit']:.0%} | "
+            f"{sh['batch']['p50_us'] / 1e3:,.1f} / {sh['batch']['p99_us'] / 1e3:,.1f} | "
+            f"{sh['closed']['throughput_per_s']:,.0f}, {sh['closed']['p99_us'] / 1e3:,.1f} |")
 
 
-def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(rows: list[dict[str, Any]], goals_key: str = "goals") -> dict[str, Any]:
+    """Counts of the goals ``r[goals_key]`` over the rows (``goals``: timeslice; ``goals_shared``: with sharing)."""
     def count(key: str, subset: list[dict[str, Any]]) -> dict[str, int]:
-        values = [r["goals"][key] for r in subset if r["goals"][key] is not None]
+        values = [r[goals_key][key] for r in subset if r[goals_key][key] is not None]
         return {"met": sum(values), "of": len(values)}
 
     many = [r for r in rows if r["requests"] >= 16]
-    gains = [r["goals"]["gain_vs_single"] for r in rows]
+    gains = [r[goals_key]["gain_vs_single"] for r in rows]
     return {"not_slower": count("not_slower", rows), "limit_90pct_r16": count("limit_goal", many),
-            "link_limited_r16": sum(1 for r in many if not r["goals"]["link_allows"]),
+            "link_limited_r16": sum(1 for r in many if not r[goals_key]["link_allows"]),
             "p99_below_balance_batch_r16": count("p99_below_balance_batch", many),
             "p99_below_balance_closed_r16": count("p99_below_balance_closed", many),
             "published_gain_14pct": count("published_gain", rows),
             "published_gain_14pct_r16": count("published_gain", many),
             "gain_vs_single_min": min(gains), "gain_vs_single_median": float(np.median(gains)),
             "gain_vs_single_max": max(gains),
-            "share_of_limit_r16_min": min((r["goals"]["share_of_limit"] for r in many), default=None)}
+            "share_of_limit_r16_min": min((r[goals_key]["share_of_limit"] for r in many), default=None)}
 
 
 HEADER = ("| config | R | timeslice plan | timeslice | all_cpu | all_gpu | cp_greedy | balance | limit | of limit | "
           "vs best single | timeslice p50 / p99 (ms) | balance p50 / p99 (ms) | closed: timeslice req/s, p99 ms | "
-          "closed: balance req/s, p99 ms |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "closed: balance req/s, p99 ms | shared plan | shared | shared of limit | shared p50 / p99 (ms) | "
+          "closed: shared req/s, p99 ms |\n"
+          "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
 
 
 def _met(s: dict[str, int]) -> str:
@@ -273,6 +299,7 @@ def _met(s: dict[str, int]) -> str:
 
 def write_markdown(result: dict[str, Any], path: Path) -> None:
     meta, rows, summ = result["meta"], result["rows"], result["summary"]
+    sh = summ["shared"]
     lines = [
         "# RNN time-slice pipeline: timeslice against single devices, cp_greedy and request load balancing", "",
         f"Command: `{meta['command']}` ({meta['date']}, {meta['host']}; {meta['wall_s']:.0f} s). Every figure is "
@@ -289,6 +316,11 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         "`vs best single`: timeslice against the better of all_cpu and all_gpu. Latencies are completion minus "
         "admission: in `batch` every request is admitted at t = 0, so they include queueing; `closed` admits at "
         "most two requests at a time (a completion admits the next).", "",
+        "`shared`: timeslice planned and simulated with cross-device sharing (`cross_device_sharing`, "
+        "[hetpart/cross_sharing.py](../../../hetpart/cross_sharing.py)): a free device's worker runs a ready segment "
+        "planned for the other, busy device when it is predicted to end it sooner (its start when that device frees, "
+        "copies in, the segment's cost on each device), and the segment's outputs stay on the taker's device; the "
+        "task runtime then needs every segment built for every device. `timeslice` keeps its static placement.", "",
         "## Goals", "",
         f"- never slower than the best single device and cp_greedy (simulated, batch): **{_met(summ['not_slower'])}** "
         "rows (by construction: both are candidates of the scheduler);",
@@ -301,7 +333,21 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         f"- the published 14-38% gain over the best single device: reached (>= 14%) in "
         f"**{_met(summ['published_gain_14pct'])}** rows ({_met(summ['published_gain_14pct_r16'])} at R >= 16); "
         f"gain min {summ['gain_vs_single_min']:+.0%}, median {summ['gain_vs_single_median']:+.0%}, max "
-        f"{summ['gain_vs_single_max']:+.0%}.", ""]
+        f"{summ['gain_vs_single_max']:+.0%}.", "",
+        "Timeslice with cross-device sharing (`shared`; baselines, request load balancing and the limit as above, "
+        "simulated without sharing):", "",
+        f"- never slower than the best single device and cp_greedy (simulated, batch): **{_met(sh['not_slower'])}** "
+        "rows (the scheduler's candidates include both, scored with sharing);",
+        f"- R >= 16, throughput >= 90% of the two-device limit where the link allows: "
+        f"**{_met(sh['limit_90pct_r16'])}** rows (lowest share of the limit at R >= 16: "
+        f"{sh['share_of_limit_r16_min']:.1%}; {sh['link_limited_r16']} rows link-limited, excluded);",
+        f"- R >= 16, p99 below request load balancing at equal or better throughput: batch admission "
+        f"**{_met(sh['p99_below_balance_batch_r16'])}**, closed (two in flight) "
+        f"**{_met(sh['p99_below_balance_closed_r16'])}**;",
+        f"- the published 14-38% gain over the best single device: reached (>= 14%) in "
+        f"**{_met(sh['published_gain_14pct'])}** rows ({_met(sh['published_gain_14pct_r16'])} at R >= 16); "
+        f"gain min {sh['gain_vs_single_min']:+.0%}, median {sh['gain_vs_single_median']:+.0%}, max "
+        f"{sh['gain_vs_single_max']:+.0%}.", ""]
     for preset in meta["presets"]:
         lines += [f"## {preset}", "", HEADER]
         lines += [_md_row(r) for r in rows if r["preset"] == preset]
@@ -389,10 +435,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row = {"config": config.name, "preset": preset, "requests": n, "kernels": graph.num_ops,
                        **run_case(graph, costs, n, runtime, args.slice_steps)}
                 row["goals"] = goals(row, n)
+                row["goals_shared"] = goals(row, n, "timeslice_shared")
                 rows.append(row)
-                logger.info("%s %s R=%d: timeslice %.0f/s (limit %.0f/s, balance %.0f/s), planned in %.1f s",
-                            config.name, preset, n, row["timeslice"]["batch"]["throughput_per_s"], row["limit_per_s"],
-                            row["request_balance"]["batch"]["throughput_per_s"], row["timeslice"]["planner_cpu_s"])
+                logger.info("%s %s R=%d: timeslice %.0f/s, shared %.0f/s (limit %.0f/s, balance %.0f/s), planned in "
+                            "%.1f s and %.1f s", config.name, preset, n, row["timeslice"]["batch"]["throughput_per_s"],
+                            row["timeslice_shared"]["batch"]["throughput_per_s"], row["limit_per_s"],
+                            row["request_balance"]["batch"]["throughput_per_s"], row["timeslice"]["planner_cpu_s"],
+                            row["timeslice_shared"]["planner_cpu_s"])
     ablation = []
     hoisted_single: dict[tuple[str, float, int], float] = {}
     overheads = [args.overhead_us if v == "measured" else float(v) for v in args.ablation_overheads.split(",") if v]
@@ -422,7 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "kernel times, used as shipped, not scaled to this host), GPU latencies from the analytic "
                      "datasheet model of each preset (`predictors.analytic.AnalyticGpuModel`), copies over the "
                      "preset's datasheet link: predictions, not measurements."}
-    result = {"meta": meta, "summary": summary(rows), "rows": rows, "ablation": ablation}
+    result = {"meta": meta, "summary": {**summary(rows), "shared": summary(rows, "goals_shared")}, "rows": rows,
+              "ablation": ablation}
     out = Path(args.out)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1, default=float))
     write_markdown(result, out / args.name / "README.md")

@@ -47,7 +47,7 @@ import math
 from typing import NamedTuple, Sequence
 
 from hetpart.costs import CostTable
-from hetpart.cross_sharing import SharingTable, busy_until_us, takes
+from hetpart.cross_sharing import SharingTable, busy_until_us, planned_load_us, takes
 from hetpart.errors import InvalidPlanError, UsageError
 from hetpart.graph import OpGraph
 from hetpart.plan import Plan, resolve_pins
@@ -140,7 +140,9 @@ class _Program:
                     duration_on[w][s.id] = runtime.overhead_us(names[w]) + sum(lat[w][op] for op in s.op_ids)
         copy_in = [[sum(c.duration_us for c in self.pulls(s, w, self.dev)) for s in range(k)]
                    for w in range(model.n_dev)]
-        self.sharing = SharingTable(names, tuple(map(tuple, duration_on)), tuple(map(tuple, copy_in)))
+        self.feeds = [{self.dev[c] for c in self.readers_of[s]} for s in range(k)]   # devices its readers are on
+        self.sharing = SharingTable(names, tuple(map(tuple, duration_on)), tuple(map(tuple, copy_in)),
+                                    planned_load_us(duration_on, copy_in, self.dev))
 
     def pulls(self, s: int, target: int, location: Sequence[int]) -> list[_Copy]:
         """The copies segment ``s`` needs on device ``target`` when its producers' outputs are on ``location``
@@ -180,6 +182,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
     ran_on: dict[tuple[int, int], int] = {}           # (request, segment) -> the worker running it
     location: list[list[int]] = []                    # per request and segment: the device holding its outputs
     busy_until = [0.0] * prog.n_dev                   # when each busy worker frees
+    running = [-1] * prog.n_dev                       # the segment each busy worker runs
     across = consumer and policy == "priority" and runtime.sharing and runtime.cross_device_sharing
     peers: list[set[int]] = [set() for _ in range(prog.n_dev)]     # the devices whose segments a worker may run
     if consumer and policy == "priority" and (runtime.continuation or runtime.sharing):
@@ -269,6 +272,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                     start = copy_event(start, r, pull, d)
         end = start + (prog.sharing.duration_us[w][s] if taken else prog.duration_us[s])
         busy_until[w] = busy_until_us(prog.sharing, now, d, s)
+        running[w] = s
         heapq.heappush(pending, (end, next(counter), "segment", (r, s)))
         events.append(RequestEvent("segment", r, names[w], start, end, s))
 
@@ -294,7 +298,9 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
             for d in sorted((d for d in range(prog.n_dev) if d != w and d not in peers[w] and worker_queue[d]
                              and worker_busy[d]), key=lambda d: worker_queue[d][0]):
                 r, s = worker_queue[d][0]
-                if takes(prog.sharing, now, w, d, s, busy_until[d]):
+                own_work_us = min((busy_until[x] for x in range(prog.n_dev) if worker_busy[x] and x != w
+                                   and w in prog.feeds[running[x]]), default=math.inf)
+                if takes(prog.sharing, now, w, d, s, busy_until[d], own_work_us, len(worker_queue[d])):
                     heapq.heappop(worker_queue[d])
                     start_segment(now, w, r, s, taken=True)
                     break

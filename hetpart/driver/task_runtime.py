@@ -139,7 +139,7 @@ class TaskRuntime:
                 raise UsageError("cross-device sharing needs every segment built for every device; compile with "
                                  "--cross-device-sharing (partition option cross_device_sharing=True)")
             self._across = CrossSharing(SharingTable.from_dict(build.sharing), [f.device for f in functions],
-                                        self._workers, self._peers, self._conds)
+                                        self._consumers, self._workers, self._peers, self._conds)
         self._requests: dict[int, _Request] = {}
         self._counter = itertools.count()
         self._closing = False
