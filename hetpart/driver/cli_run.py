@@ -49,7 +49,8 @@ def _run_requests(console, runtime, args: argparse.Namespace, named: dict) -> No
     p50, p99 = np.percentile(latency_us, [50, 99])
     console.print(f"{args.requests} requests ({args.mode}): {args.requests / wall_s:,.1f} inferences/s, latency p50 "
                   f"{p50 / 1e3:,.2f} ms, p99 {p99 / 1e3:,.2f} ms (measured here"
-                  f"{'; GPU emulated on the CPU' if runtime.emulated else ''})")
+                  f"{'; GPU emulated on the CPU' if runtime.emulated else ''}"
+                  f"{'; cross-device sharing' if getattr(runtime, 'cross_device_sharing', False) else ''})")
 
 
 def _run_loaded(args: argparse.Namespace, runtime) -> int:

@@ -226,6 +226,11 @@ class TaskRuntime:
         return {name: w.runtime_device for name, w in self._workers.items()}
 
     @property
+    def cross_device_sharing(self) -> bool:
+        """Whether a free worker may take another device's segments (``hetpart.cross_sharing``)."""
+        return self._across is not None
+
+    @property
     def copies_made(self) -> int:
         """Tensors copied between devices so far (one per tensor, destination and request; none between CPUs)."""
         return sum(w.copies for w in self._workers.values())

@@ -158,3 +158,13 @@ def test_random_plans_and_tables_do_not_deadlock_and_match():
             for a, b in zip(ours, ref):
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     assert taken > 0
+
+
+def test_the_runtime_says_whether_it_shares_across_devices(compiled, module):
+    from hetpart.driver.task_runtime import TaskRuntime
+
+    build = _build(compiled, module, cpu_us=1.0, gpu_us=1e6)
+    with TaskRuntime(build) as rt:
+        assert rt.cross_device_sharing
+    with TaskRuntime(build, sharing=False, continuation=False) as rt:      # hetpart run --no-work-sharing
+        assert not rt.cross_device_sharing
