@@ -8,21 +8,19 @@ device ``d`` if
 
     now + copy_in_us[w][s] + duration_us[w][s]  <  max(now, busy_until_d) + copy_in_us[d][s] + duration_us[d][s]
 
-and three conditions hold. ``busy_until_d`` is the predicted end of the segment ``d``'s worker is running (its start
-plus that segment's predicted copies and duration), ``duration_us[x][s]`` the segment's predicted time on ``x`` (the
-runtime's overhead per segment plus its ops' latencies; None where ``x`` cannot run one of its ops or one is pinned)
-and ``copy_in_us[x][s]`` the predicted copies of what it reads onto ``x`` with every producer on its planned device.
-The segment's outputs then stay on the taker's device; its readers copy them from there. The conditions:
+where ``busy_until_d`` is the predicted end of the segment ``d``'s worker is running (its start plus that segment's
+predicted copies and duration), ``duration_us[x][s]`` the segment's predicted time on ``x`` (the runtime's overhead
+per segment plus its ops' latencies; None where ``x`` cannot run one of its ops or one is pinned) and
+``copy_in_us[x][s]`` the predicted copies of what it reads onto ``x`` with every producer on its planned device. The
+segment's outputs then stay on the taker's device; its readers copy them from there.
 
-1. only the lighter device helps the heavier one: the taker's planned load per request (``load_us``: the predicted
-   time of the segments planned on it, copies in included) is below the owner's;
-2. a device with segments of its own in the plan helps only a backlog: at least two ready segments are queued for
-   the owner (so a pipeline with one request per stage stays a pipeline);
-3. backfilling: the taken segment must end before the taker's own next segment is predicted to become ready (the
-   predicted end of a running segment on another device that a segment planned on the taker reads).
-
-Without them a pipeline stage that took its neighbour's segment because that one was briefly busy made its own
-next segment wait: with two requests in flight that cost up to a fifth of the throughput in the simulated RNN sweep.
+One guard: a device with segments of its own in the plan (``load_us``, its planned segments' predicted time per
+request, above 0) takes only while more requests are in flight than there are devices. With fewer, every device
+has a request of its own to work on and a pipeline stage that took its neighbour's segment, because that one was
+briefly busy, made the next request's segment on its own device wait: with two requests in flight the plain rule
+lost up to a fifth of a pipeline's throughput in the simulated RNN sweep. Two stricter guards were tried there and
+dropped: letting only the device with the lighter planned load take, and taking only a segment that ends before
+the taker's own next segment is due (backfilling); with 16 and 64 requests in flight they cost more than they saved.
 
 With a plan that puts a whole request on one device this is request-level load balancing by earliest predicted
 finish; with a pipeline cut it balances the tail of a batch and the stages' mismatch. ``hetpart.simulate_requests``
@@ -114,19 +112,15 @@ def busy_until_us(table: SharingTable, start_us: float, cost_device: int, segmen
 
 
 def takes(table: SharingTable, now_us: float, taker: int, owner: int, segment: int, owner_busy_until_us: float,
-          own_work_at_us: float = math.inf, owner_queued: int = 2) -> bool:
-    """Whether the free worker of device ``taker`` takes ``segment``, queued for the busy device ``owner`` (module
-    docstring); ``own_work_at_us``: when a segment of its own is predicted to become ready (the predicted end of a
-    running segment that a segment planned on ``taker`` reads), which the taken one must not delay;
-    ``owner_queued``: the ready segments queued for ``owner``, ``segment`` included."""
+          in_flight: int) -> bool:
+    """Whether the free worker of device ``taker`` takes ``segment``, queued for the busy device ``owner``, with
+    ``in_flight`` requests admitted and not completed (module docstring)."""
     mine = table.duration_us[taker][segment]
     theirs = table.duration_us[owner][segment]
-    if mine is None or theirs is None or table.load_us[taker] >= table.load_us[owner]:
+    if mine is None or theirs is None:
         return False
-    if table.load_us[taker] > 0 and owner_queued < 2:      # a device with work of its own helps only a backlog
+    if table.load_us[taker] > 0 and in_flight <= len(table.devices):
         return False
     finish_mine = now_us + table.copy_in_us[taker][segment] + mine
-    if finish_mine > own_work_at_us * (1 + REL_TOL):
-        return False
     finish_theirs = max(now_us, owner_busy_until_us) + table.copy_in_us[owner][segment] + theirs
     return finish_mine < finish_theirs * (1 - REL_TOL)

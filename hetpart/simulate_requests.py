@@ -140,7 +140,6 @@ class _Program:
                     duration_on[w][s.id] = runtime.overhead_us(names[w]) + sum(lat[w][op] for op in s.op_ids)
         copy_in = [[sum(c.duration_us for c in self.pulls(s, w, self.dev)) for s in range(k)]
                    for w in range(model.n_dev)]
-        self.feeds = [{self.dev[c] for c in self.readers_of[s]} for s in range(k)]   # devices its readers are on
         self.sharing = SharingTable(names, tuple(map(tuple, duration_on)), tuple(map(tuple, copy_in)),
                                     planned_load_us(duration_on, copy_in, self.dev))
 
@@ -182,7 +181,6 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
     ran_on: dict[tuple[int, int], int] = {}           # (request, segment) -> the worker running it
     location: list[list[int]] = []                    # per request and segment: the device holding its outputs
     busy_until = [0.0] * prog.n_dev                   # when each busy worker frees
-    running = [-1] * prog.n_dev                       # the segment each busy worker runs
     across = consumer and policy == "priority" and runtime.sharing and runtime.cross_device_sharing
     peers: list[set[int]] = [set() for _ in range(prog.n_dev)]     # the devices whose segments a worker may run
     if consumer and policy == "priority" and (runtime.continuation or runtime.sharing):
@@ -272,7 +270,6 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                     start = copy_event(start, r, pull, d)
         end = start + (prog.sharing.duration_us[w][s] if taken else prog.duration_us[s])
         busy_until[w] = busy_until_us(prog.sharing, now, d, s)
-        running[w] = s
         heapq.heappush(pending, (end, next(counter), "segment", (r, s)))
         events.append(RequestEvent("segment", r, names[w], start, end, s))
 
@@ -289,6 +286,9 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         heapq.heapify(queue)
         start_segment(now, w, r, s)
 
+    def in_flight_now() -> int:
+        return admit_next - sum(1 for r in range(admit_next) if not math.isnan(completed[r]))
+
     def share_across(now: float) -> None:
         """Cross-device sharing (``hetpart.cross_sharing``): a free worker with nothing of its own takes the first
         ready segment (lowest (request, segment id) first) of a busy device that it is predicted to end sooner."""
@@ -298,9 +298,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
             for d in sorted((d for d in range(prog.n_dev) if d != w and d not in peers[w] and worker_queue[d]
                              and worker_busy[d]), key=lambda d: worker_queue[d][0]):
                 r, s = worker_queue[d][0]
-                own_work_us = min((busy_until[x] for x in range(prog.n_dev) if worker_busy[x] and x != w
-                                   and w in prog.feeds[running[x]]), default=math.inf)
-                if takes(prog.sharing, now, w, d, s, busy_until[d], own_work_us, len(worker_queue[d])):
+                if takes(prog.sharing, now, w, d, s, busy_until[d], in_flight_now()):
                     heapq.heappop(worker_queue[d])
                     start_segment(now, w, r, s, taken=True)
                     break

@@ -2,14 +2,14 @@
 the same one): a free worker with nothing of its own or of its peer core groups takes the first ready segment of a
 busy device that it is predicted to end sooner, when the segments were built for every device.
 
-Every method is called with the runtime's lock held. The rule only turns against taking as time passes (the taker's
-predicted end moves, the busy device's does not), so it is checked when it can change: when a worker is about to
-wait (:meth:`CrossSharing.owner_to_take_from`), when a segment is queued for a busy device and when a device starts
-a segment with more queued behind it (:meth:`CrossSharing.offer`).
+Every method is called with the runtime's lock held. For a given state the rule only turns against taking as time
+passes (the taker's predicted end moves, the busy device's does not), so it is checked when the state changes: when
+a worker is about to wait (:meth:`CrossSharing.owner_to_take_from`), when a segment is queued for a busy device (a
+new request's too, which also raises the requests in flight) and when a device starts a segment with more queued
+behind it (:meth:`CrossSharing.offer`).
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Mapping
 
@@ -27,16 +27,16 @@ def _now_us() -> float:
 class CrossSharing:
     """The table, and which workers may take each other's segments across devices."""
 
-    def __init__(self, table: SharingTable, planned_device: list[str], consumers: list[list[int]],
-                 workers: Mapping[str, _Worker], peers: Mapping[str, set[str]], conds: Mapping[str, Any]) -> None:
+    def __init__(self, table: SharingTable, planned_device: list[str], workers: Mapping[str, _Worker],
+                 peers: Mapping[str, set[str]], conds: Mapping[str, Any], requests: Mapping[int, Any]) -> None:
         missing = sorted(set(planned_device) - set(table.devices))
         if missing or table.n_segments != len(planned_device):
             raise UsageError(f"the segments' sharing table covers {table.n_segments} segments on {list(table.devices)},"
                              f" not these {len(planned_device)} segments on devices including {missing}; rebuild the "
                              "segments (hetpart compile --segments)")
         self.table, self.planned_device = table, planned_device
-        self.feeds = [{planned_device[c] for c in readers} for readers in consumers]   # devices its readers are on
         self.workers, self.peers, self.conds = workers, peers, conds
+        self.requests = requests                 # the runtime's requests in flight
 
     def _others(self, worker: _Worker) -> list[_Worker]:
         """The busy workers of other devices (not its peer core groups) with queued segments, best head first."""
@@ -47,11 +47,8 @@ class CrossSharing:
 
     def _takes(self, taker: _Worker, owner: _Worker, now_us: float) -> bool:
         segment = owner.heap[0][1]
-        own_work_us = min((w.busy_until_us for w in self.workers.values() if w is not taker and not w.idle
-                           and w.running_segment >= 0 and taker.device in self.feeds[w.running_segment]),
-                          default=math.inf)
         return takes(self.table, now_us, self.table.index(taker.device), self.table.index(owner.device), segment,
-                     owner.busy_until_us, own_work_us, len(owner.heap))
+                     owner.busy_until_us, len(self.requests))
 
     def owner_to_take_from(self, worker: _Worker) -> _Worker | None:
         """The busy device whose first ready segment the free ``worker`` takes, or None."""
@@ -65,7 +62,6 @@ class CrossSharing:
         own device's cost; else at the planned device's, which a peer core group shares)."""
         cost_device = worker.device if taken else self.planned_device[segment]
         worker.busy_until_us = busy_until_us(self.table, _now_us(), self.table.index(cost_device), segment)
-        worker.running_segment = segment
 
     def offer(self, owner: _Worker) -> None:
         """``owner`` is busy with segments queued: wake one idle worker of another device that would take its first."""

@@ -131,6 +131,7 @@ class TaskRuntime:
         self._lock = threading.Lock()
         self._conds: dict[str, threading.Condition] = {}
         self._workers: dict[str, _Worker] = {}
+        self._requests: dict[int, _Request] = {}
         self._across: CrossSharing | None = None        # cross-device sharing (segments built for every device)
         if cross_device_sharing is None:
             cross_device_sharing = sharing and build.sharing is not None
@@ -139,8 +140,7 @@ class TaskRuntime:
                 raise UsageError("cross-device sharing needs every segment built for every device; compile with "
                                  "--cross-device-sharing (partition option cross_device_sharing=True)")
             self._across = CrossSharing(SharingTable.from_dict(build.sharing), [f.device for f in functions],
-                                        self._consumers, self._workers, self._peers, self._conds)
-        self._requests: dict[int, _Request] = {}
+                                        self._workers, self._peers, self._conds, self._requests)
         self._counter = itertools.count()
         self._closing = False
         self._started = threading.Event()

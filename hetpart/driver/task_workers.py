@@ -51,7 +51,6 @@ class _Worker:
     idle: bool = False                                            # waiting for work (the runtime's lock held)
     woken: int = 0                                                # pushes that woke it since it last took work
     busy_until_us: float = 0.0                                    # cross-device sharing: its segment's predicted end
-    running_segment: int = -1                                     # and that segment
 
 
 def _copy(value: Any, device: Any) -> Any:

@@ -50,24 +50,23 @@ def test_the_taken_segments_outputs_stay_on_the_taker_and_its_readers_copy_from_
     # op0 (cpu 120, gpu 100) on the GPU feeds op1 (10 us) on the CPU with 8 bytes
     graph, costs = make_tiny([(120, 100), (10, 10)], [(0, 1, 8)], outputs=[(1, 4)])
     timeline = simulate_requests(graph, costs, plan(["gpu", "cpu"]), n_requests=3, runtime=runtime()).validate()
-    # at t=0 the GPU has a backlog (r1, r2), the CPU (28 us planned per request against the GPU's 160) is free and
-    # r1 ends on it at 120, before r0's op0 (feeding the CPU's own op1) ends at 160: it takes r1
+    # at t=0 three requests are in flight (more than the two devices) and the CPU is free: r1's op0 ends on it at 120,
+    # on the GPU at 160 + 160; the CPU takes it. At 130 r1 is done, two are in flight: r2 is left to the GPU
     assert runs(timeline) == [(0, 0, "gpu", 60, 160), (0, 1, "cpu", 178, 188), (1, 0, "cpu", 0, 120),
                               (1, 1, "cpu", 120, 130), (2, 0, "gpu", 220, 320), (2, 1, "cpu", 338, 348)]
     assert [e.resource for e in timeline.events_of(0, "copy")] == ["cpu->gpu", "gpu->cpu"]
     assert timeline.events_of(1, "copy") == []          # request 1 never left the CPU
-    # with two requests the GPU has no backlog: the CPU, which has work of its own in the plan, leaves r1 to it
+
+
+def test_a_device_with_work_of_its_own_takes_only_with_more_requests_in_flight_than_devices(make_tiny):
+    graph, costs = make_tiny([(120, 100), (10, 10)], [(0, 1, 8)], outputs=[(1, 4)])
     two = simulate_requests(graph, costs, plan(["gpu", "cpu"]), n_requests=2, runtime=runtime()).validate()
     assert {(r, s, device) for r, s, device, _, _ in runs(two)} == {(0, 0, "gpu"), (0, 1, "cpu"), (1, 0, "gpu"),
                                                                   (1, 1, "cpu")}
-
-
-def test_a_taker_fills_only_the_gap_before_its_own_next_segment(make_tiny):
-    # op0 (cpu 200, gpu 100) on the GPU feeds op1 on the CPU: taking r1's op0 would end at 200, after r0's op0
-    # (feeding the CPU) ends at 160, so the CPU waits for its own work
-    graph, costs = make_tiny([(200, 100), (10, 10)], [(0, 1, 8)], outputs=[(1, 4)])
-    timeline = simulate_requests(graph, costs, plan(["gpu", "cpu"]), n_requests=3, runtime=runtime()).validate()
-    assert {device for r, s, device, _, _ in runs(timeline) if s == 0} == {"gpu"}
+    # the same with three requests but at most two in flight at a time
+    closed = simulate_requests(graph, costs, plan(["gpu", "cpu"]), n_requests=3, max_in_flight=2,
+                               runtime=runtime()).validate()
+    assert {device for _, s, device, _, _ in runs(closed) if s == 0} == {"gpu"}
 
 
 @pytest.mark.parametrize("why", ["pinned", "unsupported"])
@@ -91,12 +90,12 @@ def test_a_slow_taker_takes_nothing(make_tiny):
 
 def test_the_rule_compares_predicted_finishes():
     table = SharingTable(("cpu", "gpu"), ((300.0,), (100.0,)), ((0.0,), (60.0,)), (0.0, 160.0)).validate()
-    assert takes(table, 0.0, 0, 1, 0, owner_busy_until_us=160.0)           # 300 < 160 + 160
-    assert not takes(table, 0.0, 0, 1, 0, owner_busy_until_us=140.0)       # 300 = 140 + 160: not sooner
-    assert not takes(table, 300.0, 0, 1, 0, owner_busy_until_us=334.0)     # 600 > 494
+    assert takes(table, 0.0, 0, 1, 0, 160.0, in_flight=2)           # 300 < 160 + 160
+    assert not takes(table, 0.0, 0, 1, 0, 140.0, in_flight=2)       # 300 = 140 + 160: not sooner
+    assert not takes(table, 300.0, 0, 1, 0, 334.0, in_flight=2)     # 600 > 494
     assert busy_until_us(table, 10.0, 1, 0) == 170.0 and busy_until_us(table, 10.0, 0, 0) == 310.0
-    heavier = SharingTable(table.devices, table.duration_us, table.copy_in_us, (200.0, 160.0))
-    assert not takes(heavier, 0.0, 0, 1, 0, owner_busy_until_us=160.0)    # only the lighter device takes
+    busy = SharingTable(table.devices, table.duration_us, table.copy_in_us, (20.0, 160.0))   # the CPU has work
+    assert not takes(busy, 0.0, 0, 1, 0, 160.0, in_flight=2) and takes(busy, 0.0, 0, 1, 0, 160.0, in_flight=3)
     assert planned_load_us(((300.0, 5.0), (100.0, None)), ((0.0, 1.0), (60.0, 2.0)), [1, 0]) == (6.0, 160.0)
 
 
