@@ -20,7 +20,8 @@ has a request of its own to work on and a pipeline stage that took its neighbour
 briefly busy, made the next request's segment on its own device wait: with two requests in flight the plain rule
 lost up to a fifth of a pipeline's throughput in the simulated RNN sweep. Two stricter guards were tried there and
 dropped: letting only the device with the lighter planned load take, and taking only a segment that ends before
-the taker's own next segment is due (backfilling); with 16 and 64 requests in flight they cost more than they saved.
+the taker's own next segment is due (backfilling); with 16 and 64 requests in flight they gave back much of the
+gain over request-level balancing.
 
 With a plan that puts a whole request on one device this is request-level load balancing by earliest predicted
 finish; with a pipeline cut it balances the tail of a batch and the stages' mismatch. ``hetpart.simulate_requests``
