@@ -62,10 +62,11 @@ def wants_request_objective(problem: Problem) -> bool:
 
 
 def score_assignment(problem: Problem, dev: Sequence[int], order: Sequence[int], method: str, runtime: RuntimeModel,
-                     segmentation_for: Callable[[Plan], Segmentation] | None = None) -> Score:
+                     segmentation_for: Callable[[Plan], Segmentation] | None = None,
+                     max_in_flight: int | None = None) -> Score:
     """``config.requests``-request :class:`Score` of the assignment ``dev`` issued in ``order`` (infinite when one
     request overflows a device's memory); ``segmentation_for`` gives the plan's segments (default: the runtime's
-    ``segment_plan``)."""
+    ``segment_plan``); ``max_in_flight``: at most that many of them in flight at a time (default all)."""
     n_requests = problem.config.requests
     if not math.isfinite(problem.model.makespan(dev, order)):
         return Score(n_requests, math.inf, math.inf, math.inf, math.inf)
@@ -73,7 +74,8 @@ def score_assignment(problem: Problem, dev: Sequence[int], order: Sequence[int],
                 method=method, pins=problem.config.pins, level=problem.graph.level)   # made for this graph
     return score_plan(problem.graph, problem.costs, plan, n_requests, runtime=runtime,
                       config=problem.config.simulation,
-                      segmentation=None if segmentation_for is None else segmentation_for(plan))
+                      segmentation=None if segmentation_for is None else segmentation_for(plan),
+                      max_in_flight=max_in_flight)
 
 
 def runtime_model(config: PartitionConfig, device_names: Sequence[str]) -> RuntimeModel:

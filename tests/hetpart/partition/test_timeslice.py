@@ -221,3 +221,45 @@ def test_compile_command_takes_the_timeslice_options():
     assert (args.method, args.requests, args.slice_steps, args.rnn_projection) == ("timeslice", 16, 2, "per_slice")
     defaults = build_parser().parse_args(["compile", "lstm_lm"])
     assert (defaults.requests, defaults.slice_steps, defaults.rnn_projection) == (None, None, None)
+
+
+@settings(max_examples=25, deadline=None)
+@given(layers=st.integers(1, 3), steps=st.integers(2, 6), requests=st.integers(3, 16), speedup=st.floats(0.4, 8.0),
+       seed=st.integers(0, 10_000), overhead_us=st.sampled_from([0.0, 40.0]))
+def test_with_cross_device_sharing_never_worse_than_baselines_and_within_the_robust_tolerance(
+        layers, steps, requests, speedup, seed, overhead_us):
+    """Planned for cross-device sharing: the plan's N-request makespan (with sharing) is no worse than any baseline
+    plan's with sharing, within ROBUST_TOL of the best candidate, and where it traded some of it for few requests in
+    flight, it is the best of the near candidates with two in flight."""
+    from hetpart.partition.timeslice import ROBUST_TOL
+
+    graph, costs = synthetic_rnn(layers, steps, seed=seed, gpu_speedup=speedup)
+    overheads = {"cpu": overhead_us, "gpu": overhead_us}
+    config = {**FAST, "requests": requests, "dispatch_overhead_us_by_device": overheads, "cross_device_sharing": True}
+    plan = _solve(graph, costs, "timeslice", config)
+    runtime = RuntimeModel(overheads, copies="consumer", cross_device_sharing=True)
+    assert score_plan(graph, costs, plan, requests, runtime=runtime).makespan_us == pytest.approx(_chosen(plan))
+    for method in ("all_cpu", "all_gpu", "cp_greedy"):
+        assert _chosen(plan) <= plan.stats["baselines"][method]["makespan_us"] * (1 + 1e-9), method
+    best = min(c["makespan_us"] for c in plan.stats["candidates"])
+    assert _chosen(plan) <= best * (1 + ROBUST_TOL) + 1e-6
+    few = plan.stats.get("few_in_flight")
+    if few:
+        two = score_plan(graph, costs, plan, requests, runtime=runtime, max_in_flight=2).makespan_us
+        assert two == pytest.approx(few["makespan_us"]) and few["compared"] >= 2
+
+
+def test_a_plan_for_cross_device_sharing_holds_with_two_requests_in_flight():
+    """Two equal devices: with sharing, whole requests on one device and the other taking them beats any cut; with two
+    requests in flight the guard stops a device with work of its own from taking, so the plan leaves one device
+    without work in the plan."""
+    graph, costs = synthetic_rnn(1, 8, seed=3, gpu_speedup=1.0, post=False, pre=False)
+    config = {**FAST, "requests": 16, "dispatch_overhead_us_by_device": {"cpu": 20.0, "gpu": 20.0},
+              "cross_device_sharing": True}
+    plan = _solve(graph, costs, "timeslice", config)
+    runtime = RuntimeModel(config["dispatch_overhead_us_by_device"], copies="consumer", cross_device_sharing=True)
+    static = _solve(graph, costs, "timeslice", {**config, "cross_device_sharing": False})
+    assert len(set(plan.device_of)) == 1 and plan.stats["few_in_flight"]["compared"] >= 2
+    two = score_plan(graph, costs, plan, 16, runtime=runtime, max_in_flight=2).makespan_us
+    assert two <= score_plan(graph, costs, static, 16, runtime=runtime, max_in_flight=2).makespan_us * (1 + 1e-9)
+    assert _chosen(plan) <= score_plan(graph, costs, static, 16, runtime=runtime).makespan_us * (1 + 1e-9)
