@@ -7,8 +7,9 @@ device ``d`` comes from ``hetpart.simulate_requests`` of that plan with one requ
 
 * ``latency_d``: the request's latency on idle devices (input copies, the device's segments, any segment of ops
   the device cannot run, output copies);
-* ``busy_d``: how long it holds device ``d``'s worker: from its start to the end of its last segment on ``d``
-  (the output copy back to the host overlaps the next request).
+* ``busy_d``: how long it holds device ``d``'s worker: from its start to the end of its last segment on ``d``,
+  and with the task runtime's copies (``RuntimeModel(copies="consumer")``: the worker that ends a request copies
+  its outputs back to the host) to the end of that copy; with copies on the links it overlaps the next request.
 
 Requests ``0..N-1`` wait at t = 0 and are admitted in order, at most ``max_in_flight`` unfinished at a time (a
 completion admits the next), as in ``simulate_requests``. Request ``r`` goes, at its admission, to the device
@@ -95,8 +96,11 @@ def device_services(graph: OpGraph, costs: CostTable, config: PartitionConfig | 
                     graph_hash=graph.structure_hash(), level=graph.level)
         timeline = simulate_requests(graph, costs, plan, n_requests=1, runtime=runtime,
                                      config=problem.config.simulation)
-        on_device = [e for e in timeline.events if e.kind == "segment" and e.resource == name]
-        busy = max((e.end_us for e in on_device), default=0.0)
+        segments = [e for e in timeline.events if e.kind == "segment"]
+        busy = max((e.end_us for e in segments if e.resource == name), default=0.0)
+        last = max(segments, key=lambda e: e.end_us, default=None)
+        if timeline.runtime.copies == "consumer" and last is not None and last.resource == name:
+            busy = timeline.completed_us[0] - timeline.runtime.completion_us   # it copied the outputs back
         services.append(DeviceService(name, timeline.latency_us[0], busy, sum(1 for x in dev if x != d)))
     return tuple(services)
 

@@ -188,6 +188,15 @@ def test_request_balance_sends_each_request_to_the_device_that_frees_first(make_
         simulate_request_balance(graph, costs, n_requests=2, max_in_flight=3)
 
 
+def test_request_balance_holds_the_gpu_worker_for_the_output_copy_the_runtime_makes(make_tiny):
+    # gpu: the 50-byte input copied in (60 us), 30 us, the 4-byte output copied back (14 us)
+    graph, costs = make_tiny([(100.0, 30.0)], input_bytes=50, outputs=[(0, 4)])
+    consumer = simulate_request_balance(graph, costs, n_requests=1, runtime=RuntimeModel(copies="consumer"))
+    assert [(s.latency_us, s.busy_us) for s in consumer.services] == [(100.0, 100.0), (104.0, 104.0)]
+    links = simulate_request_balance(graph, costs, n_requests=1, runtime=RuntimeModel(copies="links"))
+    assert [(s.latency_us, s.busy_us) for s in links.services] == [(100.0, 100.0), (104.0, 90.0)]
+
+
 @pytest.mark.tvm
 @pytest.mark.parametrize("model", ["lstm_lm", "gru_lm"])
 def test_zoo_rnn_with_predicted_costs(model, zoo_rnn_graph):
