@@ -474,6 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {"meta": meta, "summary": {**summary(rows), "shared": summary(rows, "goals_shared")}, "rows": rows,
               "ablation": ablation}
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(result, indent=1, default=float))
     write_markdown(result, out / args.name / "README.md")
     logger.info("wrote %s and %s in %.0f s", out / f"{args.name}.json", out / args.name / "README.md",
