@@ -180,8 +180,10 @@ def requests_section(data: ReportData, view: RequestsView, image: str) -> list[s
     lines = ["## Many requests in flight (simulated)", "",
              f"This plan was made for **{_requests(n)} in flight**, all waiting at t = 0, in the "
              f"task runtime's model (docs/runtime_model.md): one worker per device runs whole segments ({segments}; "
-             f"{len(view.timeline.events_of(0, 'segment'))} per request), with {_overhead_text(view.runtime)}. "
-             "Simulated with `simulate_requests`, not measured:", "",
+             f"{len(view.timeline.events_of(0, 'segment'))} per request), with {_overhead_text(view.runtime)}."
+             + (" With cross-device sharing a free device runs the other's ready segments when it is predicted to "
+                "end them sooner (a bar in its row may be another device's segment)." if
+                view.runtime.cross_device_sharing else "") + " Simulated with `simulate_requests`, not measured:", "",
              f"- **{_requests(n)}: makespan {fmt_us(f.makespan_us)} µs, {fmt_us(f.throughput_per_s)} requests/s**; in "
              f"the second half one request completes every {fmt_us(f.period_us)} µs (steady-state period);",
              f"- latency (completion minus admission): **p50 {fmt_us(f.latency_p50_us)} µs, p99 "

@@ -289,3 +289,12 @@ def test_run_with_many_requests_prints_measured_throughput_and_percentiles(compi
     assert n == 64 and 0 < p50_ms <= p99_ms
     assert throughput >= 64 / wall_s              # measured over part of this call, so over less than its time
     assert p99_ms <= wall_s * 1e3                  # a request's latency fits in the whole call (ms, not µs)
+
+
+def test_a_plan_made_for_cross_device_sharing_is_reported_with_it(tmp_path: Path):
+    graph, costs = synthetic_rnn(2, 6, seed=2)
+    plan = _plan(graph, costs, "timeslice", requests=16, cross_device_sharing=True)
+    text = write_report(_data(graph, costs, plan), tmp_path)["markdown"].read_text()
+    assert "With cross-device sharing a free device runs the other's ready segments" in text
+    static = write_report(_data(graph, costs, _plan(graph, costs, "timeslice", requests=16)), tmp_path / "static")
+    assert "cross-device sharing" not in static["markdown"].read_text()
