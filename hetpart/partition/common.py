@@ -119,6 +119,17 @@ class Problem:
         self.allowed = allowed
         self.allowed_list = [tuple(int(d) for d in np.flatnonzero(allowed[i])) for i in range(self.n)]
         self.lat = np.where(costs.supported, costs.latency_us, np.inf)
+        if self.config.cross_device_sharing and self.config.work_sharing and self.config.simulation.check_memory:
+            self._check_every_device_holds_the_weights()
+
+    def _check_every_device_holds_the_weights(self) -> None:
+        """Cross-device sharing builds every segment for every device, so every device holds every weight."""
+        weights = int(self.model.param_bytes.sum())
+        for name, capacity in zip(self.names, self.model.capacity):
+            if weights > capacity:
+                raise InfeasibleError(f"cross-device sharing builds every segment for every device, so each holds "
+                                      f"all {weights} bytes of weights, but {name!r} has {capacity} bytes of memory; "
+                                      "drop --cross-device-sharing (partition option cross_device_sharing)")
 
     # ------------------------------------------------------------------ devices
     def device_of_kind(self, kind: str) -> int:

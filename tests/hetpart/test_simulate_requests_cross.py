@@ -123,3 +123,15 @@ def test_every_segment_runs_once_per_request_and_no_worker_runs_two_at_once(late
     segments = {(e.request, e.segment_id) for e in timeline.events if e.kind == "segment"}
     k = len({e.segment_id for e in timeline.events if e.kind == "segment"})
     assert len(segments) == sum(1 for e in timeline.events if e.kind == "segment") == n * k
+
+
+def test_planning_for_cross_device_sharing_refuses_a_device_that_cannot_hold_every_weight():
+    from hetpart.errors import InfeasibleError
+    from hetpart.partition import partition
+
+    graph, costs = tiny_problem([(300, 100), (50, 20)], [(0, 1, 8)], outputs=[(1, 4)], param_bytes=[600, 600],
+                                memory_bytes=(1 << 30, 1000))
+    config = {"requests": 4, "cross_device_sharing": True}
+    with pytest.raises(InfeasibleError, match="each holds all 1200 bytes of weights, but 'gpu' has 1000"):
+        partition(graph, costs, "portfolio", config)
+    assert partition(graph, costs, "portfolio", {**config, "cross_device_sharing": False}).validate(graph)
