@@ -5,46 +5,26 @@
         future = rt.submit(x)                                 # concurrent.futures.Future -> list[np.ndarray]
         outputs, latency_us = rt.run_many([[x0], [x1], ...], max_in_flight=8)
 
-What it does (the model is ``hetpart.simulate_requests``, see docs/runtime_model.md):
+Its model is ``hetpart.simulate_requests`` (``RuntimeModel(copies="consumer")``); docs/runtime_model.md describes
+both, with the measurements behind each rule. In short:
 
-- the op-level plan is cut by ``hetpart.segments.segment_plan`` or as given (a time-slice plan: one segment per
-  (layer, slice) task, ``hetpart.driver.task_segments``); every segment is one Relax function of ONE executable
-  (``tvm_passes.segment_build``; GPU segments compiled for CUDA form a second one);
-- one worker thread per device owns its own ``relax.VirtualMachine`` (created in that thread: a VM must never be
-  called from two threads; the Executable is shared). CPU devices (``--devices cpu:0,cpu:1``: core groups of one
-  host) all run on ``tvm.cpu(0)``: they address the same memory, so a tensor passes between them without a copy.
-  Without CUDA the GPU is emulated by ``tvm.cpu(1)``, a device of its own, so its copies are made; with
-  CUDA the GPU worker runs on its own stream and synchronises it at the end of every segment, so consumers on
-  other devices copy finished tensors (a host-side wait standing in for a CUDA event);
-- a segment becomes ready when every segment it reads has ended; the worker of its device copies each tensor
-  produced on another device's memory (and each model input, which arrives on the host) to its device with
-  ``copyto``, once per (tensor, destination device) and request, then calls the segment function;
-- a free worker takes its ready segment with the lowest (request index, segment id);
-- continuation (``continuation=True``, the default): a worker that ends a segment and then has no ready segment of
-  its own device runs the first newly ready segment of an interchangeable device itself: CPU core groups of one
-  host with as many cores each (``--devices cpu:0,cpu:1``), which address the same memory and run a segment as fast.
-  One request through a chain of segments then stays on one core: no hand-off to a sleeping worker, and its
-  tensors stay in that core's caches. With many requests in flight every worker has its own work and the plan's
-  placement holds (benchmarks/one_request_continuation.py: one LSTM LM request 1.02 ms slower than the sequential
-  executable without it, 0.05 ms with it);
-- work sharing (``sharing=True``, the default): a free worker of such a group with no ready segment of its own takes
-  the other groups' ready segment with the lowest (request index, segment id); a push wakes the segment's own
-  worker when it is idle, else an idle peer. A plan on one group then serves requests on every group, as a serving
-  system would, and a pipeline's less busy stage helps the busier one;
-- cross-device sharing (``cross_device_sharing``; by default on when the segments were built for every device,
-  ``hetpart compile --cross-device-sharing``): a free worker with nothing of its own or its peers' takes a busy
-  device's first ready segment when it is predicted to end it sooner (``hetpart.cross_sharing``, with the table
-  the compile recorded); the outputs stay on its device (``hetpart.driver.task_cross``);
+- every segment (``hetpart.segments.segment_plan``, or one per time-slice task, ``hetpart.driver.task_segments``) is
+  one Relax function of ONE executable (``tvm_passes.segment_build``; GPU segments compiled for CUDA form a second);
+- one worker thread per device owns its own ``relax.VirtualMachine`` (a VM must never be called from two threads).
+  CPU devices (core groups of one host) all run on ``tvm.cpu(0)`` and pass tensors without copies; without CUDA
+  the GPU is emulated by ``tvm.cpu(1)``; with CUDA the GPU worker runs on its own stream, synchronised after every
+  segment;
+- a segment is ready when every segment it reads has ended; its worker copies what lies on another device's memory
+  (once per tensor, destination and request), then calls it. A free worker takes its ready segment with the lowest
+  (request index, segment id); the worker that ends a request reads its outputs back;
+- equal CPU core groups share work: a worker with nothing of its own runs a lone request's next segment itself
+  (``continuation``) or takes the other groups' ready segments (``sharing``);
+- with segments built for every device (``hetpart compile --cross-device-sharing``) a free worker also takes a busy
+  device's ready segment when the recorded table predicts it ends it sooner (``cross_device_sharing``,
+  ``hetpart.cross_sharing``, ``hetpart.driver.task_cross``);
 - an exception in a segment (or a bad input) fails only that request's future; the runtime keeps serving;
-- ``threads_per_device`` gives each worker its own TVM pool size (``runtime.config_threadpool`` in that thread;
-  it cannot exceed ``TVM_NUM_THREADS``); a CPU device with cores (``--devices cpu:0,cpu:1``) gets one thread per
-  core, pinned to them;
-- ``trace=True`` records every segment run (a :class:`SegmentRun`: request, segment, device, start and end time,
-  and the part of it spent copying inputs) in ``self.trace``.
-
-Copies are made by the destination worker right before the segment runs (with the GPU emulated, a memcpy on the
-consumer's thread), and a request's outputs are read back by the worker that ends it: the runtime model
-``RuntimeModel(copies="consumer")`` of ``hetpart.simulate_requests``.
+- ``threads_per_device`` sizes each worker's TVM pool (a CPU device with cores gets one thread per core, pinned);
+  ``trace=True`` records every segment run (:class:`SegmentRun`) in ``self.trace``.
 """
 from __future__ import annotations
 
@@ -168,51 +148,25 @@ class TaskRuntime:
     def from_module(cls, mod: Any, graph: Any, plan: Any, *, gpu_devices: Sequence[str] = ("gpu",),
                     tuning_database: Any = None, devices: Sequence[Mapping[str, Any]] = (),
                     segmentation: Segmentation | None = None, **kwargs: Any) -> "TaskRuntime":
-        """Build the segments of the op-level ``plan`` of ``graph`` (the OpGraph of ``mod["main"]``) and start.
-        ``segmentation``: the op-level segments to run (checked against the graph and plan), e.g. one per time-slice
-        task (``hetpart.driver.task_segments.runtime_segmentation``); by default ``segment_plan(graph, plan)``."""
+        """Build the segments of the op-level ``plan`` of ``graph`` (the OpGraph of ``mod["main"]``) and start
+        (:func:`hetpart.driver.task_build.segments_of_module`)."""
         from hetpart.driver.check import index_input_bounds
-        from hetpart.segments import segment_plan
-        from tvm_passes.segment_build import build_segments
+        from hetpart.driver.task_build import segments_of_module
 
-        if plan.level != "op":
-            raise InvalidPlanError(f"the task runtime segments an op-level plan; found level={plan.level!r} "
-                                   "(expand a kernel plan with hetpart.driver.compiler.expand_plan)")
-        segmentation = segment_plan(graph, plan) if segmentation is None else segmentation.validate(graph, plan)
         kwargs.setdefault("index_bounds", index_input_bounds(graph))
-        return cls(build_segments(mod, segmentation, gpu_devices, tuning_database=tuning_database,
-                                  devices=devices), **kwargs)
+        return cls(segments_of_module(mod, graph, plan, gpu_devices=gpu_devices, tuning_database=tuning_database,
+                                      devices=devices, segmentation=segmentation), **kwargs)
 
     @classmethod
     def from_compiled(cls, compiled: Any, module: Any = None, **kwargs: Any) -> "TaskRuntime":
-        """A task runtime for a :class:`hetpart.driver.compiler.CompiledModel` (its op-level plan). ``module`` is
-        the imported Relax module it was compiled from; by default it is re-imported from the ONNX file the
-        compile recorded, and refused unless its op graph is the compiled one. The segments are the plan's
-        (``hetpart.driver.task_segments.runtime_segmentation``: one per time-slice task for a plan that needs it)."""
-        from hetpart.driver.task_segments import runtime_segmentation
-        from tvm_passes.extract import extract_op_graph
+        """A task runtime for a :class:`hetpart.driver.compiler.CompiledModel` (its op-level plan; ``module``: the
+        imported Relax module, re-imported from the recorded ONNX file by default;
+        :func:`hetpart.driver.task_build.segments_of_compiled`)."""
+        from hetpart.driver.check import index_input_bounds
+        from hetpart.driver.task_build import segments_of_compiled
 
-        if module is None:
-            onnx_path = compiled.source.get("onnx_path")
-            if not onnx_path:
-                raise UsageError("this model was not compiled from an ONNX file; pass the imported module "
-                                 "(tvm_passes.sources.import_model(...).mod) as module=")
-            from tvm_passes.rnn import RnnImportOptions
-            from tvm_passes.sources import import_model
-
-            shapes = {str(i["name"]): list(i["shape"]) for i in compiled.source["inputs"]}
-            rnn = compiled.source.get("rnn_options")
-            module = import_model(onnx_path, input_shapes=shapes,
-                                  rnn_options=RnnImportOptions(**rnn) if rnn else None).mod
-        found = extract_op_graph(module, with_kernels=False).structure_hash()
-        if found != compiled.op_graph.structure_hash():
-            raise InvalidPlanError(f"the module's op graph ({found}) is not the one compiled "
-                                   f"({compiled.op_graph.structure_hash()}); pass the module it was compiled from")
-        gpus = [d.name for d in compiled.costs.devices.devices if d.kind == "gpu"]
-        devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in compiled.costs.devices.devices]
-        segmentation = runtime_segmentation(compiled.op_graph, compiled.op_plan, compiled.graph, compiled.plan)
-        return cls.from_module(module, compiled.op_graph, compiled.op_plan, gpu_devices=gpus, devices=devices,
-                               segmentation=segmentation, **kwargs)
+        kwargs.setdefault("index_bounds", index_input_bounds(compiled.op_graph))
+        return cls(segments_of_compiled(compiled, module), **kwargs)
 
     # ------------------------------------------------------------------ public API
     @property

@@ -113,8 +113,13 @@ def test_a_compile_made_for_cross_device_sharing_builds_and_runs_it(tmp_path):
     assert compiled.task_runtime["cross_device_sharing"] is True
     xs = _inputs(4, seed=4)
     with hetpart.load(out, mode="tasks") as tasks:
+        assert tasks.cross_device_sharing
         outputs, _ = tasks.run_many([[x] for x in xs], max_in_flight=4)
     _matches(compiled, xs, outputs)
+    from hetpart.driver.task_runtime import TaskRuntime
+
+    with TaskRuntime.from_compiled(compiled) as rebuilt:      # rebuilt from the ONNX file: the same table
+        assert rebuilt.cross_device_sharing and rebuilt.build.sharing == compiled.segments.sharing
 
 
 def test_the_cli_flag_becomes_the_partition_option():
