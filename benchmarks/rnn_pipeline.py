@@ -319,8 +319,11 @@ def write_markdown(result: dict[str, Any], path: Path) -> None:
         "`shared`: timeslice planned and simulated with cross-device sharing (`cross_device_sharing`, "
         "[hetpart/cross_sharing.py](../../../hetpart/cross_sharing.py)): a free device's worker runs a ready segment "
         "planned for the other, busy device when it is predicted to end it sooner (its start when that device frees, "
-        "copies in, the segment's cost on each device), and the segment's outputs stay on the taker's device; the "
-        "task runtime then needs every segment built for every device. `timeslice` keeps its static placement.", "",
+        "copies in, the segment's cost on each device), and the segment's outputs stay on the taker's device; a "
+        "device with work of its own in the plan takes only while more requests are in flight than devices. The "
+        "task runtime then needs every segment built for every device. Planning for it, `timeslice` takes, among "
+        "its candidates within 2% of the best N-request makespan, the one that holds best with two requests in "
+        "flight. `timeslice` keeps its static placement.", "",
         "## Goals", "",
         f"- never slower than the best single device and cp_greedy (simulated, batch): **{_met(summ['not_slower'])}** "
         "rows (by construction: both are candidates of the scheduler);",
