@@ -286,8 +286,9 @@ def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: S
     ``gpu_devices`` into a second executable for ``gpu_target`` (e.g. ``{"kind": "cuda", "arch": "sm_75"}``) with
     TVM's CUDA pipeline (DLight schedules). ``devices`` (name, kind and cores per device, the host first) is
     recorded for the task runtime. ``sharing`` (a :class:`hetpart.cross_sharing.SharingTable` of these segments):
-    build every segment function for every device (the GPU executable holds the CPU segments too) so that the
-    task runtime's workers may run each other's segments, and record the table for it."""
+    build every segment function for every device that can run it (the GPU executable also holds the CPU segments
+    the table prices on the GPU; the CPU executable keeps every one) so that the task runtime's workers may run
+    each other's segments, and record the table for it."""
     from tvm.target import Target
 
     from tvm_passes.schedules.pipeline import cpu_pipeline, default_cpu_target
@@ -298,13 +299,17 @@ def build_segments(mod: tvm.IRModule, segmentation: Segmentation, gpu_devices: S
         raise BuildError("GPU segments compiled for the GPU need its target: pass gpu_target (e.g. "
                          "{'kind': 'cuda', 'arch': 'sm_75'}), or emulate_gpu=True")
     seg_mod, program = emit_segment_functions(mod, segmentation)
+    runnable_on_gpu: set[int] = set()       # with sharing: the segments a GPU may take (the table prices them there)
     if sharing is not None:
-        sharing = sharing.validate(len(program.functions)).to_dict()
+        sharing = sharing.validate(len(program.functions))
+        runnable_on_gpu = {f.segment for f in program.functions for g in gpu_devices if g in sharing.devices
+                           and sharing.duration_us[sharing.index(g)][f.segment] is not None}
+        sharing = sharing.to_dict()
     target = cpu_target if isinstance(cpu_target, Target) else (
         Target(dict(cpu_target)) if cpu_target is not None else default_cpu_target())
     gpu_executable = None
     if on_gpu and not emulate_gpu:
-        gpu_names = {f.name for f in program.functions if f.device in gpu_devices or sharing is not None}
+        gpu_names = {f.name for f in program.functions if f.device in gpu_devices or f.segment in runnable_on_gpu}
         rest, gpu_mod = _split_functions(seg_mod, gpu_names)
         seg_mod = seg_mod if sharing is not None else rest       # sharing: the CPU executable keeps every one
         gpu_executable = _compile_gpu(gpu_mod, gpu_target, target)

@@ -38,6 +38,10 @@ class CrossSharing:
         self.workers, self.peers, self.conds = workers, peers, conds
         self.requests = requests                 # the runtime's requests in flight
 
+    def can_run(self, device: str, segment: int) -> bool:
+        """Whether ``device`` may take ``segment`` (the table prices it there; else it was not built for it)."""
+        return device in self.table.devices and self.table.duration_us[self.table.index(device)][segment] is not None
+
     def _others(self, worker: _Worker) -> list[_Worker]:
         """The busy workers of other devices (not its peer core groups) with queued segments, best head first."""
         peers = self.peers.get(worker.device, set())

@@ -315,7 +315,8 @@ class TaskRuntime:
                 worker.stream = worker.runtime_device.create_raw_stream()
                 worker.runtime_device.set_raw_stream(worker.stream)
             served = {worker.device} | self._peers.get(worker.device, set())
-            mine = [f for f in self.program.functions if f.device in served or self._across is not None]
+            mine = [f for f in self.program.functions if f.device in served
+                    or (self._across is not None and self._across.can_run(worker.device, f.segment))]
             vm, by_name = new_virtual_machine(self.build.gpu_executable if on_cuda else self.build.executable,
                                               worker.runtime_device, [f.name for f in mine])    # vm lives on
             calls = {f.segment: by_name[f.name] for f in mine}

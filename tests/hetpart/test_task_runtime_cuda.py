@@ -91,3 +91,39 @@ def test_cuda_task_runtime_matches_the_cpu(mixed):
             for ours, ref in zip(outputs, expected):
                 for a, b in zip(ours, ref):
                     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_with_cross_device_sharing_the_cuda_executable_holds_the_cpu_segments_the_gpu_may_take(nvcc_path, tmp_path):
+    """Every segment the sharing table prices on the GPU is compiled for CUDA too (real kernels); one it does not
+    price there (an op the GPU cannot run) is left out, and the CPU executable keeps all of them."""
+    import re
+
+    from hetpart.cross_sharing import SharingTable, planned_load_us
+    from hetpart.segments import segment_plan
+    from tvm_passes.extract import extract_op_graph
+    from tvm_passes.segment_build import build_segments, export_segments, gpu_source
+
+    graph = extract_op_graph(_module(), with_kernels=False)
+    device_of = ["gpu" if k % 2 == 0 else "cpu" for k in range(graph.num_ops)]
+    plan = Plan(device_of=device_of, order=range(graph.num_ops), devices=("cpu", "gpu"), method="fixed",
+                graph_hash=graph.structure_hash(), level="op").validate(graph)
+    segmentation = segment_plan(graph, plan)
+    k = len(segmentation.segments)
+    cpu_segments = [s.id for s in segmentation.segments if s.device == "cpu"]
+    assert len(cpu_segments) >= 2
+    duration = ((10.0,) * k, tuple(None if s == cpu_segments[-1] else 10.0 for s in range(k)))
+    copy_in = ((0.0,) * k, (0.0,) * k)
+    planned = [("cpu", "gpu").index(s.device) for s in segmentation.segments]
+    table = SharingTable(("cpu", "gpu"), duration, copy_in, planned_load_us(duration, copy_in, planned))
+    devices = [{"name": "cpu", "kind": "cpu", "cores": []}, {"name": "gpu", "kind": "gpu", "cores": []}]
+    build = build_segments(_module(), segmentation, ("gpu",), emulate_gpu=False, gpu_target=GPU_TARGET,
+                           devices=devices, sharing=table)
+
+    def functions(executable) -> set[int]:
+        return {int(n) for n in re.findall(r"^@hetpart_seg(\d+):", executable.as_text(), flags=re.M)}
+
+    assert functions(build.gpu_executable) == set(range(k)) - {cpu_segments[-1]}
+    assert functions(build.executable) == set(range(k))
+    assert "__global__" in gpu_source(build.gpu_executable)
+    export_segments(build, tmp_path)                       # nvcc compiles the larger CUDA module too
+    assert (tmp_path / "segments_gpu.so").exists() and SharingTable.from_dict(build.sharing) == table
