@@ -10,7 +10,7 @@ import hetpart.partition
 
 CORE = ["hetpart", "hetpart.errors", "hetpart.graph", "hetpart.graph_elements", "hetpart.devices", "hetpart.costs",
         "hetpart.plan", "hetpart.simulate", "hetpart.threads", "hetpart.segments", "hetpart.simulate_requests",
-        "hetpart.request_timeline"]
+        "hetpart.request_timeline", "hetpart.cross_sharing"]
 FORBIDDEN = ("tvm", "tvm_ffi", "sklearn", "torch", "tvm_passes", "predictors", "onnx", "onnxruntime")
 
 
