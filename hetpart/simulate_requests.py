@@ -142,6 +142,9 @@ class _Program:
                    for w in range(model.n_dev)]
         self.sharing = SharingTable(names, tuple(map(tuple, duration_on)), tuple(map(tuple, copy_in)),
                                     planned_load_us(duration_on, copy_in, self.dev))
+        # while no segment of a request has run on another device, its copies are these (the hot path)
+        self.planned_pulls = [self.pulls(s, self.dev[s], self.dev) for s in range(k)]
+        self.planned_output_copies = self.output_copies(self.dev)
 
     def pulls(self, s: int, target: int, location: Sequence[int]) -> list[_Copy]:
         """The copies segment ``s`` needs on device ``target`` when its producers' outputs are on ``location``
@@ -180,6 +183,8 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
     segments_left = [prog.k] * n_req
     ran_on: dict[tuple[int, int], int] = {}           # (request, segment) -> the worker running it
     location: list[list[int]] = []                    # per request and segment: the device holding its outputs
+    moved: list[bool] = []                            # per request: a segment of it ran on another device
+    unfinished = [0]                                  # requests admitted and not yet completed
     busy_until = [0.0] * prog.n_dev                   # when each busy worker frees
     across = consumer and policy == "priority" and runtime.sharing and runtime.cross_device_sharing
     peers: list[set[int]] = [set() for _ in range(prog.n_dev)]     # the devices whose segments a worker may run
@@ -214,6 +219,8 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         deps.append([len(p) for p in prog.producers] if consumer else list(prog.n_deps))
         on_device.append(set())
         location.append(list(prog.dev))
+        moved.append(False)
+        unfinished[0] += 1
         if runtime.admission_us > 0:
             heapq.heappush(pending, (now + runtime.admission_us, next(counter), "admitted", (r, None)))
         else:
@@ -230,6 +237,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
             complete(now, r)
 
     def complete(now: float, r: int) -> None:
+        unfinished[0] -= 1
         if runtime.completion_us > 0:
             heapq.heappush(pending, (now + runtime.completion_us, next(counter), "completed", (r, None)))
         else:
@@ -262,9 +270,10 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         worker_busy[w] = True
         ran_on[(r, s)] = w
         location[r][s] = d
+        moved[r] = moved[r] or taken
         start = now
         if consumer:
-            for pull in prog.pulls(s, d, location[r]):
+            for pull in (prog.pulls(s, d, location[r]) if moved[r] else prog.planned_pulls[s]):
                 if (pull.key, d) not in on_device[r]:
                     on_device[r].add((pull.key, d))
                     start = copy_event(start, r, pull, d)
@@ -286,9 +295,6 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
         heapq.heapify(queue)
         start_segment(now, w, r, s)
 
-    def in_flight_now() -> int:
-        return admit_next - sum(1 for r in range(admit_next) if not math.isnan(completed[r]))
-
     def share_across(now: float) -> None:
         """Cross-device sharing (``hetpart.cross_sharing``): a free worker with nothing of its own takes the first
         ready segment (lowest (request, segment id) first) of a busy device that it is predicted to end sooner."""
@@ -298,7 +304,7 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
             for d in sorted((d for d in range(prog.n_dev) if d != w and d not in peers[w] and worker_queue[d]
                              and worker_busy[d]), key=lambda d: worker_queue[d][0]):
                 r, s = worker_queue[d][0]
-                if takes(prog.sharing, now, w, d, s, busy_until[d], in_flight_now()):
+                if takes(prog.sharing, now, w, d, s, busy_until[d], unfinished[0]):
                     heapq.heappop(worker_queue[d])
                     start_segment(now, w, r, s, taken=True)
                     break
@@ -344,7 +350,8 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                 w = ran_on.pop((r, item))
                 newly_ready = satisfy(r, prog.readers_of[item])
                 segments_left[r] -= 1
-                outputs = prog.output_copies(location[r]) if not segments_left[r] else []
+                outputs = [] if segments_left[r] else (prog.output_copies(location[r]) if moved[r]
+                                                       else prog.planned_output_copies)
                 if outputs:                        # this worker copies the outputs back
                     end = now
                     for copy in outputs:
