@@ -150,21 +150,13 @@ def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, graph: OpGraph, 
     plan that needs it, else :func:`hetpart.segments.segment_plan`), each one function of one executable for the task
     runtime. ``across`` (the runtime model of a plan made for cross-device sharing): the kernel-level segments
     expanded (ids kept), every one built for every device, with their :func:`hetpart.simulate_requests.sharing_table`."""
-    from hetpart.driver.task_segments import kernel_segmentation, runtime_segmentation
-    from hetpart.segments import expand_segmentation, segment_plan
-    from hetpart.simulate_requests import sharing_table
+    from hetpart.driver.task_build import plan_segments
     from tvm_passes.segment_build import build_segments
 
     gpus = [d.name for d in choice.devices.devices if d.kind == "gpu"]
     devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in choice.devices.devices]
     gpu_target = dict(choice.devices.device(gpus[0]).target) if gpus else None
-    table = None
-    if across is None:
-        segmentation = runtime_segmentation(op_graph, op_plan, graph, plan)
-    else:
-        kernel_segments = kernel_segmentation(graph, plan) or segment_plan(graph, plan)
-        segmentation = expand_segmentation(kernel_segments, graph, op_graph, op_plan)
-        table = sharing_table(graph, costs, plan, runtime=across, segmentation=kernel_segments)
+    segmentation, table = plan_segments(op_graph, op_plan, graph, plan, costs, across)
     return build_segments(mod, segmentation, gpus, emulate_gpu=emulate, tuning_database=tuning_database,
                           devices=devices, gpu_target=gpu_target, sharing=table)
 

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Sequence
 from hetpart.errors import InvalidPlanError, UsageError
 from hetpart.segments import Segmentation
 
-__all__ = ["segments_of_module", "segments_of_compiled"]
+__all__ = ["plan_segments", "segments_of_module", "segments_of_compiled"]
 
 
 def segments_of_module(mod: Any, graph: Any, plan: Any, *, gpu_devices: Sequence[str] = ("gpu",),
@@ -26,6 +26,24 @@ def segments_of_module(mod: Any, graph: Any, plan: Any, *, gpu_devices: Sequence
     segmentation = segment_plan(graph, plan) if segmentation is None else segmentation.validate(graph, plan)
     return build_segments(mod, segmentation, gpu_devices, tuning_database=tuning_database, devices=devices,
                           sharing=sharing)
+
+
+def plan_segments(op_graph: Any, op_plan: Any, graph: Any, plan: Any, costs: Any,
+                  across: Any = None) -> tuple[Segmentation, Any]:
+    """The op-level segments the task runtime runs for the kernel-level ``plan`` (expanded as ``op_plan``), and
+    their :class:`hetpart.cross_sharing.SharingTable` when ``across`` (a ``RuntimeModel`` with
+    ``cross_device_sharing``) is given, else None. With sharing, the kernel-level segments the simulator prices are
+    expanded (ids kept), so the table's segments are the runtime's; otherwise
+    ``hetpart.driver.task_segments.runtime_segmentation``."""
+    from hetpart.driver.task_segments import kernel_segmentation, runtime_segmentation
+    from hetpart.segments import expand_segmentation, segment_plan
+    from hetpart.simulate_requests import sharing_table
+
+    if across is None or not across.cross_device_sharing:
+        return runtime_segmentation(op_graph, op_plan, graph, plan), None
+    kernel_segments = kernel_segmentation(graph, plan) or segment_plan(graph, plan)
+    return (expand_segmentation(kernel_segments, graph, op_graph, op_plan),
+            sharing_table(graph, costs, plan, runtime=across, segmentation=kernel_segments))
 
 
 def _imported_module(compiled: Any) -> Any:
@@ -47,11 +65,8 @@ def segments_of_compiled(compiled: Any, module: Any = None) -> Any:
     unless its op graph is the compiled one. The segments are the plan's
     (``hetpart.driver.task_segments.runtime_segmentation``: one per time-slice task for a plan that needs it); a plan
     made for cross-device sharing gets its kernel-level segments, built for every device, with their table."""
-    from hetpart.driver.task_segments import kernel_segmentation, runtime_segmentation
     from hetpart.partition.common import PartitionConfig
     from hetpart.partition.request_score import runtime_model
-    from hetpart.segments import expand_segmentation, segment_plan
-    from hetpart.simulate_requests import sharing_table
     from tvm_passes.extract import extract_op_graph
 
     module = _imported_module(compiled) if module is None else module
@@ -61,13 +76,8 @@ def segments_of_compiled(compiled: Any, module: Any = None) -> Any:
                                f"({compiled.op_graph.structure_hash()}); pass the module it was compiled from")
     gpus = [d.name for d in compiled.costs.devices.devices if d.kind == "gpu"]
     devices = [{"name": d.name, "kind": d.kind, "cores": list(d.cores)} for d in compiled.costs.devices.devices]
-    plan, table = compiled.plan, None
-    model = runtime_model(PartitionConfig.coerce(dict(plan.config)), compiled.costs.device_names)
-    if model.cross_device_sharing:
-        kernel_segments = kernel_segmentation(compiled.graph, plan) or segment_plan(compiled.graph, plan)
-        segmentation = expand_segmentation(kernel_segments, compiled.graph, compiled.op_graph, compiled.op_plan)
-        table = sharing_table(compiled.graph, compiled.costs, plan, runtime=model, segmentation=kernel_segments)
-    else:
-        segmentation = runtime_segmentation(compiled.op_graph, compiled.op_plan, compiled.graph, plan)
+    model = runtime_model(PartitionConfig.coerce(dict(compiled.plan.config)), compiled.costs.device_names)
+    segmentation, table = plan_segments(compiled.op_graph, compiled.op_plan, compiled.graph, compiled.plan,
+                                        compiled.costs, model)
     return segments_of_module(module, compiled.op_graph, compiled.op_plan, gpu_devices=gpus, devices=devices,
                               segmentation=segmentation, sharing=table)
