@@ -234,9 +234,10 @@ def test_compile_command_takes_the_timeslice_options():
 
 @settings(max_examples=25, deadline=None)
 @given(layers=st.integers(1, 3), steps=st.integers(2, 6), requests=st.integers(3, 16), speedup=st.floats(0.4, 8.0),
-       seed=st.integers(0, 10_000), overhead_us=st.sampled_from([0.0, 40.0]))
+       seed=st.integers(0, 10_000), overhead_us=st.sampled_from([0.0, 40.0]),
+       segments=st.sampled_from(["runtime", "slices"]))
 def test_with_cross_device_sharing_never_worse_than_baselines_and_within_the_robust_tolerance(
-        layers, steps, requests, speedup, seed, overhead_us):
+        layers, steps, requests, speedup, seed, overhead_us, segments):
     """Planned for cross-device sharing: the plan's N-request makespan (with sharing) is no worse than any baseline
     plan's with sharing, within ROBUST_TOL of the best candidate, and where it traded some of it for few requests in
     flight, it is the best of the near candidates with two in flight."""
@@ -244,17 +245,22 @@ def test_with_cross_device_sharing_never_worse_than_baselines_and_within_the_rob
 
     graph, costs = synthetic_rnn(layers, steps, seed=seed, gpu_speedup=speedup)
     overheads = {"cpu": overhead_us, "gpu": overhead_us}
-    config = {**FAST, "requests": requests, "dispatch_overhead_us_by_device": overheads, "cross_device_sharing": True}
+    config = {**FAST, "requests": requests, "dispatch_overhead_us_by_device": overheads, "cross_device_sharing": True,
+              "timeslice_segments": segments}
     plan = _solve(graph, costs, "timeslice", config)
     runtime = RuntimeModel(overheads, copies="consumer", cross_device_sharing=True)
-    assert score_plan(graph, costs, plan, requests, runtime=runtime).makespan_us == pytest.approx(_chosen(plan))
+    per_task = plan.stats["segments"] == "slices"
+    segmentation = slice_segmentation(graph, plan, build_slice_grid(graph, 1)) if per_task else None
+    assert score_plan(graph, costs, plan, requests, runtime=runtime,
+                      segmentation=segmentation).makespan_us == pytest.approx(_chosen(plan))
     for method in ("all_cpu", "all_gpu", "cp_greedy"):
         assert _chosen(plan) <= plan.stats["baselines"][method]["makespan_us"] * (1 + 1e-9), method
     best = min(c["makespan_us"] for c in plan.stats["candidates"])
     assert _chosen(plan) <= best * (1 + ROBUST_TOL) + 1e-6
     few = plan.stats.get("few_in_flight")
     if few:
-        two = score_plan(graph, costs, plan, requests, runtime=runtime, max_in_flight=2).makespan_us
+        two = score_plan(graph, costs, plan, requests, runtime=runtime, max_in_flight=2,
+                         segmentation=segmentation).makespan_us
         assert two == pytest.approx(few["makespan_us"]) and few["compared"] >= 2
 
 
