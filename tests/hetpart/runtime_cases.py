@@ -54,3 +54,19 @@ def random_plan(graph, device_of: Sequence[str], devices: Sequence[str], pick: C
                 ready.append(w)
     return Plan(device_of=list(device_of), order=order, devices=tuple(devices), method="random",
                 graph_hash=graph.structure_hash(), level="op").validate(graph)
+
+
+def mixed_squeezenet(size: int):
+    """SqueezeNet compiled for cpu + an emulated T4, every op on the GPU but the pools (a mixed, segmented plan)."""
+    import hetpart
+
+    return hetpart.compile("squeezenet1_1", size=size, devices="cpu,gpu=t4", method="all_gpu",
+                           pins={"op:relax.nn.*pool2d": "cpu"})
+
+
+def imported_module(compiled):
+    """The Relax module ``compiled`` was compiled from, imported again from its ONNX file."""
+    from tvm_passes.sources import import_model
+
+    return import_model(compiled.source["onnx_path"],
+                        input_shapes={i["name"]: i["shape"] for i in compiled.source["inputs"]}).mod

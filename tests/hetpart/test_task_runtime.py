@@ -9,10 +9,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-import hetpart
 from hetpart.errors import InputMismatchError
 from hetpart.plan import Plan
-from tests.hetpart.runtime_cases import random_plan, small_module
+from tests.hetpart.runtime_cases import imported_module, mixed_squeezenet, random_plan, small_module
 
 pytestmark = pytest.mark.tvm
 
@@ -30,16 +29,12 @@ def _worker_threads() -> list[str]:
 
 @pytest.fixture(scope="module")
 def compiled():
-    return hetpart.compile("squeezenet1_1", size=SIZE, devices="cpu,gpu=t4", method="all_gpu",
-                           pins={"op:relax.nn.*pool2d": "cpu"})
+    return mixed_squeezenet(SIZE)
 
 
 @pytest.fixture(scope="module")
 def module(compiled):
-    from tvm_passes.sources import import_model
-
-    return import_model(compiled.source["onnx_path"],
-                        input_shapes={i["name"]: i["shape"] for i in compiled.source["inputs"]}).mod
+    return imported_module(compiled)
 
 
 @pytest.fixture(scope="module")

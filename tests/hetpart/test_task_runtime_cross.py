@@ -10,6 +10,7 @@ import hetpart
 from hetpart.cross_sharing import SharingTable, planned_load_us
 from hetpart.errors import UsageError
 from hetpart.segments import segment_plan
+from tests.hetpart.runtime_cases import imported_module, mixed_squeezenet
 
 pytestmark = pytest.mark.tvm
 
@@ -18,16 +19,12 @@ SIZE = 64
 
 @pytest.fixture(scope="module")
 def compiled():
-    return hetpart.compile("squeezenet1_1", size=SIZE, devices="cpu,gpu=t4", method="all_gpu",
-                           pins={"op:relax.nn.*pool2d": "cpu"})
+    return mixed_squeezenet(SIZE)
 
 
 @pytest.fixture(scope="module")
 def module(compiled):
-    from tvm_passes.sources import import_model
-
-    return import_model(compiled.source["onnx_path"],
-                        input_shapes={i["name"]: i["shape"] for i in compiled.source["inputs"]}).mod
+    return imported_module(compiled)
 
 
 def _table(planned: list[int], duration_us, copy_in_us) -> SharingTable:
