@@ -286,6 +286,12 @@ def which_cut_section(data: ReportData, view: RequestsView) -> list[str]:
            f"{len(rows)} candidates ({stats['simulated']} distinct plans) with `simulate_requests`"
            + (" (" + ", ".join(f"{SHORT_CONSIDERED.get(k, k)}: {v}" for k, v in counts.items()) + ")" if counts else "")
            + ". The plan is the candidate with the smallest simulated makespan (ties: the smaller p99 latency)")
+    few = stats.get("few_in_flight")
+    if isinstance(few, Mapping):
+        why += (f", except that with cross-device sharing the {few['compared']} candidates within "
+                f"{float(few['tolerance']):.0%} of it were simulated again with {few['max_in_flight']} requests in "
+                f"flight and the best of them there chosen ({fmt_us(float(few['makespan_us']))} µs for "
+                f"{_requests(n)} at {few['max_in_flight']} in flight)")
     best_us = float(stats["chosen"]["makespan_us"])
     runner = next((r for r in rows if r["makespan_us"] > best_us * (1 + REL_TOL)), None)
     if runner is not None:

@@ -296,5 +296,6 @@ def test_a_plan_made_for_cross_device_sharing_is_reported_with_it(tmp_path: Path
     plan = _plan(graph, costs, "timeslice", requests=16, cross_device_sharing=True)
     text = write_report(_data(graph, costs, plan), tmp_path)["markdown"].read_text()
     assert "With cross-device sharing a free device runs the other's ready segments" in text
+    assert plan.stats["few_in_flight"]["compared"] >= 2 and "simulated again with 2 requests in flight" in text
     static = write_report(_data(graph, costs, _plan(graph, costs, "timeslice", requests=16)), tmp_path / "static")
     assert "cross-device sharing" not in static["markdown"].read_text()
