@@ -41,6 +41,7 @@ Memory is not checked (N requests in flight hold N sets of activations). Imports
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -131,20 +132,27 @@ class _Program:
         self.reads = [sorted({(position[i.op_id], i.op_id, i.segment) for i in s.inputs}) for s in seg.segments]
         self.input_reads = [sorted({x for op in s.op_ids for x in model.op_inputs[op]}) for s in seg.segments]
         self.model_outputs = [(u, s.id) for s in seg.segments for u in s.outputs if model.is_output[u]]
-        # cross-device sharing: each segment's predicted time and input copies on every device
+        self._for_sharing = (seg, runtime, pinned)       # the table is built only when asked for (``sharing``)
+        # while no segment of a request has run on another device, its copies are these (the hot path)
+        self.planned_pulls = [self.pulls(s, self.dev[s], self.dev) for s in range(k)]
+        self.planned_output_copies = self.output_copies(self.dev)
+
+    @functools.cached_property
+    def sharing(self) -> SharingTable:
+        """Cross-device sharing's table: each segment's predicted time and input copies on every device."""
+        seg, runtime, pinned = self._for_sharing
+        model, k = self.model, len(seg.segments)
         duration_on: list[list[float | None]] = [[None] * k for _ in range(model.n_dev)]
         for w in range(model.n_dev):
             for s in seg.segments:
                 if all(model.supported[op, w] for op in s.op_ids) and (w == self.dev[s.id] or not any(
                         op in pinned for op in s.op_ids)):
-                    duration_on[w][s.id] = runtime.overhead_us(names[w]) + sum(lat[w][op] for op in s.op_ids)
+                    duration_on[w][s.id] = runtime.overhead_us(model.names[w]) + sum(model.lat[w][op]
+                                                                                      for op in s.op_ids)
         copy_in = [[sum(c.duration_us for c in self.pulls(s, w, self.dev)) for s in range(k)]
                    for w in range(model.n_dev)]
-        self.sharing = SharingTable(names, tuple(map(tuple, duration_on)), tuple(map(tuple, copy_in)),
-                                    planned_load_us(duration_on, copy_in, self.dev))
-        # while no segment of a request has run on another device, its copies are these (the hot path)
-        self.planned_pulls = [self.pulls(s, self.dev[s], self.dev) for s in range(k)]
-        self.planned_output_copies = self.output_copies(self.dev)
+        return SharingTable(model.names, tuple(map(tuple, duration_on)), tuple(map(tuple, copy_in)),
+                            planned_load_us(duration_on, copy_in, self.dev))
 
     def pulls(self, s: int, target: int, location: Sequence[int]) -> list[_Copy]:
         """The copies segment ``s`` needs on device ``target`` when its producers' outputs are on ``location``
@@ -278,7 +286,8 @@ def _run(prog: _Program, names: Sequence[str], n_req: int, in_flight: int, runti
                     on_device[r].add((pull.key, d))
                     start = copy_event(start, r, pull, d)
         end = start + (prog.sharing.duration_us[w][s] if taken else prog.duration_us[s])
-        busy_until[w] = busy_until_us(prog.sharing, now, d, s)
+        if across:
+            busy_until[w] = busy_until_us(prog.sharing, now, d, s)
         heapq.heappush(pending, (end, next(counter), "segment", (r, s)))
         events.append(RequestEvent("segment", r, names[w], start, end, s))
 
