@@ -164,7 +164,11 @@ def _build_segments(mod: Any, op_graph: OpGraph, op_plan: Plan, graph: OpGraph, 
 def _cross_sharing_model(plan: Plan, overhead: Any, costs: CostTable) -> Any:
     """The task runtime's model with cross-device sharing when the plan was made for it (partition options
     ``cross_device_sharing`` and ``work_sharing``) and its overheads were measured, else None."""
-    if overhead is None or not (plan.config.get("cross_device_sharing") and plan.config.get("work_sharing", True)):
+    from hetpart.partition import PartitionConfig
+    from hetpart.partition.request_score import runtime_model
+
+    planned_for = runtime_model(PartitionConfig.coerce(dict(plan.config)), costs.device_names)
+    if overhead is None or not planned_for.cross_device_sharing:
         return None
     return replace(overhead.runtime_model(costs.device_names), cross_device_sharing=True)
 
