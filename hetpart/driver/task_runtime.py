@@ -44,6 +44,7 @@ from hetpart.devices import interchangeable_cpu_groups
 from hetpart.driver.task_cross import CrossSharing
 from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, UsageError
 from hetpart.driver.inputs import check_inputs
+from hetpart.driver.task_feed import RequestFeed
 from hetpart.driver.task_workers import SegmentRun, _copy, _flatten, _Request, _Worker
 from hetpart.threads import ensure_tvm_threads
 from tvm_passes.host_tensors import to_host_tensor, to_numpy
@@ -208,28 +209,25 @@ class TaskRuntime:
 
     def run_many(self, inputs_list: Sequence[Sequence[Any]], max_in_flight: int = 1
                  ) -> tuple[list[list[np.ndarray]], list[float]]:
-        """Run every request (admitted in order, at most ``max_in_flight`` at a time); returns the outputs in
-        request order and each request's latency in µs (completion minus admission). Raises the first failed
-        request's exception after all have finished."""
+        """Run every request (admitted in order, at most ``max_in_flight`` at a time: the worker that ends one
+        admits the next, :class:`hetpart.driver.task_feed.RequestFeed`); returns the outputs in request order and
+        each request's latency in µs (completion minus admission). Raises the first failed request's exception
+        after all have finished."""
         if max_in_flight < 1:
             raise UsageError(f"max_in_flight must be >= 1; found {max_in_flight}")
-        slots = threading.BoundedSemaphore(max_in_flight)
-        latency_us = [0.0] * len(inputs_list)
-        futures: list[Future] = []
+        return RequestFeed(self._admit, inputs_list, max_in_flight).run()
 
-        def done(k: int, admitted: float, _future: Future) -> None:
-            latency_us[k] = (time.perf_counter() - admitted) * 1e6
-            slots.release()
-
-        for k, inputs in enumerate(inputs_list):
-            slots.acquire()
-            admitted = time.perf_counter()
-            future = self.submit(*inputs)
-            future.add_done_callback(lambda f, k=k, admitted=admitted: done(k, admitted, f))
-            futures.append(future)
-        for _ in range(max_in_flight):      # every slot back: every callback has run, so every latency is in
-            slots.acquire()                 # (a future's callbacks run after result() may already have returned)
-        return [f.result() for f in futures], latency_us
+    def _admit(self, inputs: Sequence[Any], future: Future, on_finish: Any) -> bool:
+        """Admit one request of :meth:`run_many`; False when it failed at once (``future`` holds why). Its inputs
+        are checked now and copied to the host tensors by the worker that first reads them (the calling thread
+        admits a whole wave at once, while the workers run)."""
+        try:
+            arrays = check_inputs(self.input_specs, inputs, {}, self.index_bounds)
+            self._submit_arrays(arrays, future, on_finish, deferred=True)
+        except (InputMismatchError, UsageError) as exc:
+            future.set_exception(exc)
+            return False
+        return True
 
     def close(self) -> None:
         """Stop every worker, join its thread, and fail the requests still in flight."""
@@ -245,6 +243,7 @@ class TaskRuntime:
         for request in pending:
             if not request.future.done():
                 request.future.set_exception(UsageError("the task runtime was closed before this request ended"))
+            request.finish()
 
     def __enter__(self) -> "TaskRuntime":
         return self
@@ -263,15 +262,19 @@ class TaskRuntime:
                 f"{', GPU EMULATED on CPU' if self.build.emulated else ''})")
 
     # ------------------------------------------------------------------ scheduling
-    def _submit_arrays(self, arrays: Sequence[np.ndarray], future: Future | None = None) -> Future:
+    def _submit_arrays(self, arrays: Sequence[np.ndarray], future: Future | None = None,
+                       on_finish: Any = None, deferred: bool = False) -> Future:
         future = future or Future()
         host = self._workers[self.host].runtime_device
-        inputs = [to_host_tensor(a, host) for a in arrays]
+
+        def prepare() -> list[Any]:
+            return [to_host_tensor(a, host) for a in arrays]
         with self._lock:
             if self._closing:
                 raise UsageError("the task runtime is closed")
             index = next(self._counter)
-            request = _Request(index, future, inputs, [len(p) for p in self._producers], len(self._producers))
+            request = _Request(index, future, None if deferred else prepare(), [len(p) for p in self._producers],
+                               len(self._producers), on_finish=on_finish, prepare=prepare)
             self._requests[index] = request
             for k, missing in enumerate(request.missing):
                 if not missing:
@@ -386,8 +389,9 @@ class TaskRuntime:
         """Run ``segment`` of ``request`` on ``worker``; the seconds spent copying its inputs to the device."""
         fn = self.program.functions[segment]
         segment_of = self.program.segment_of
+        inputs = request.host_inputs() if fn.input_params else []      # the request's copy of its inputs
         started = time.perf_counter()
-        args = [self._operand(request, ("in", k), request.inputs[k], self.host, worker) for k in fn.input_params]
+        args = [self._operand(request, ("in", k), inputs[k], self.host, worker) for k in fn.input_params]
         args += [self._operand(request, op, request.values[op], request.held_on.get(
             op, self.program.functions[segment_of[op]].device), worker) for op in fn.op_params]
         copy_s = time.perf_counter() - started
@@ -434,8 +438,10 @@ class TaskRuntime:
                     outputs.extend(to_numpy(t) for t in _flatten(value))
             except BaseException as exc:  # noqa: BLE001
                 request.future.set_exception(exc)
+                request.finish()
                 return None
             request.future.set_result(outputs)
+            request.finish()
         return claimed
 
     def _fail(self, request: _Request, exc: BaseException) -> None:
@@ -447,3 +453,4 @@ class TaskRuntime:
         log.warning("request %d failed: %s: %s", request.index, type(exc).__name__, str(exc)[:300])
         if not request.future.done():
             request.future.set_exception(exc)
+        request.finish()

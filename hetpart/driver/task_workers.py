@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 __all__ = ["SegmentRun"]
 
@@ -25,7 +25,7 @@ class SegmentRun(NamedTuple):
 class _Request:
     index: int
     future: Future
-    inputs: list[Any]                                  # host tensors
+    inputs: list[Any] | None                           # host tensors (None: ``prepare`` makes them)
     missing: list[int]                                 # per segment: producer segments not yet ended
     remaining: int                                     # segments not yet ended
     values: dict[int, Any] = field(default_factory=dict)             # op id -> tensor on its producer's device
@@ -33,6 +33,24 @@ class _Request:
     held_on: dict[int, str] = field(default_factory=dict)            # op id -> the worker's device that made it,
                                                                      # where not its segment's planned device
     failed: bool = False
+    on_finish: Callable[[], None] | None = None        # called once its future is set (run_many admits the next)
+    prepare: Callable[[], list[Any]] | None = None     # makes ``inputs`` when a segment first reads them
+    prepare_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def host_inputs(self) -> list[Any]:
+        """The request's input tensors on the host, made by the first segment that reads them (run_many)."""
+        if self.inputs is None:
+            with self.prepare_lock:
+                if self.inputs is None:
+                    assert self.prepare is not None
+                    self.inputs = self.prepare()
+        return self.inputs
+
+    def finish(self) -> None:
+        """Call ``on_finish`` once (its future holds the outputs or the exception by now)."""
+        hook, self.on_finish = self.on_finish, None
+        if hook is not None:
+            hook()
 
 
 @dataclass

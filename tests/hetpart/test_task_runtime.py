@@ -97,6 +97,42 @@ def test_bad_input_fails_only_its_future(compiled, runtime):
     assert _close(runtime(x)[0], compiled(x)[0])
 
 
+def test_run_many_with_a_bad_request_runs_the_others(compiled, runtime):
+    xs = _inputs(4, seed=11)
+    inputs = [[xs[0]], [np.zeros((1, 3, SIZE + 1, SIZE), np.float32)], [xs[1]], [xs[2]], [xs[3]]]
+    from hetpart.driver.task_feed import RequestFeed
+
+    feed = RequestFeed(runtime._admit, inputs, max_in_flight=2)
+    with pytest.raises(InputMismatchError, match="must have shape"):
+        feed.run()
+    assert isinstance(feed.futures[1].exception(), InputMismatchError)
+    for x, future in zip(xs, feed.futures[:1] + feed.futures[2:]):
+        assert _close(future.result()[0], compiled(x)[0])
+    with pytest.raises(InputMismatchError):
+        runtime.run_many(inputs, max_in_flight=8)
+
+
+def test_closing_during_run_many_fails_the_rest_and_returns(runtime):
+    from hetpart.driver.task_runtime import TaskRuntime
+    from hetpart.errors import UsageError
+
+    rt = TaskRuntime(runtime.build)
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            rt.run_many([[x] for x in _inputs(40, seed=5)], max_in_flight=2)
+        except BaseException as exc:  # noqa: BLE001
+            caught.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    rt.close()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "run_many hung after the runtime closed"
+    assert caught and isinstance(caught[0], UsageError)
+
+
 def test_close_joins_every_worker(runtime):
     from hetpart.driver.task_runtime import TaskRuntime
 
