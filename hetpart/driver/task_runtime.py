@@ -31,7 +31,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future
@@ -40,16 +39,14 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from hetpart.cross_sharing import SharingTable
-from hetpart.devices import interchangeable_cpu_groups
 from hetpart.driver.task_cross import CrossSharing
-from hetpart.errors import BuildError, InputMismatchError, InvalidPlanError, UsageError
+from hetpart.driver.task_devices import device_layout
+from hetpart.errors import BuildError, InputMismatchError, UsageError
 from hetpart.driver.inputs import check_inputs
 from hetpart.driver.task_feed import RequestFeed
-from hetpart.driver.task_workers import SegmentRun, _copy, _flatten, _Request, _Worker
+from hetpart.driver.task_workers import SegmentRun, _copy, _flatten, _Request, _Worker, start_worker
 from hetpart.threads import ensure_tvm_threads
 from tvm_passes.host_tensors import to_host_tensor, to_numpy
-from tvm_passes.thread_pool import configure_pool
-from tvm_passes.virtual_machine import new_virtual_machine
 
 if TYPE_CHECKING:
     from hetpart.segments import Segmentation
@@ -76,38 +73,18 @@ class TaskRuntime:
         recorded = list(getattr(build, "devices", ()) or ())
         self.host = host or (recorded[0]["name"] if recorded else "cpu")
         functions = self.program.functions
-        names = list(dict.fromkeys([self.host] + [d["name"] for d in recorded] + [f.device for f in functions]))
-        self._cuda_names = set()
-        kinds = {d["name"]: d["kind"] for d in recorded}
-        if getattr(build, "gpu_executable", None) is not None:      # GPU segments compiled for CUDA
-            self._cuda_names = {n for n in names if n != self.host and kinds.get(n, "gpu") == "gpu"}
-        if runtime_devices is None:   # CPUs share cpu(0); a GPU on cuda(k), or emulated on the next cpu(i)
-            cpu_names = [n for n in names if n not in self._cuda_names          # unrecorded: the host only
-                         and kinds.get(n, "cpu" if n == self.host else "gpu") == "cpu"]
-            emulated = [n for n in names if n not in self._cuda_names and n not in cpu_names]
-            runtime_devices = {name: tvm.cpu(0) for name in cpu_names}
-            runtime_devices.update({name: tvm.cpu(k) for k, name in enumerate(emulated, start=1)})
-            runtime_devices.update({name: tvm.cuda(k) for k, name in enumerate(sorted(self._cuda_names))})
-        unknown = [n for n in names if n not in runtime_devices]
-        if unknown:
-            raise InvalidPlanError(f"segments run on devices {unknown} that runtime_devices does not map")
-        self._memory_of = {name: (int(dev.dlpack_device_type()), int(dev.index))     # devices sharing memory
-                           for name, dev in runtime_devices.items()}
-        cores = {str(d["name"]): tuple(int(c) for c in d.get("cores", ())) for d in recorded}
-        threads = {name: len(c) for name, c in cores.items() if c}
-        threads.update(threads_per_device or {})
+        # continuation and work sharing: a worker may run the segments of interchangeable CPU core groups (the same
+        # memory, as many cores each)
+        layout = device_layout(build, self.host, [f.device for f in functions], runtime_devices, threads_per_device,
+                               peers_wanted=continuation or sharing)
+        names, runtime_devices, cores = layout.names, layout.runtime_devices, layout.cores
+        self._cuda_names, self._memory_of, self._peers = layout.cuda_names, layout.memory_of, layout.peers
         self.trace: list[SegmentRun] | None = [] if trace else None
         self._producers = [sorted({self.program.segment_of[op] for op in f.op_params}) for f in functions]
         self._consumers: list[list[int]] = [[] for _ in functions]
         for k, producers in enumerate(self._producers):
             for p in producers:
                 self._consumers[p].append(k)
-        # continuation and work sharing: a worker may run the segments of interchangeable CPU core groups (the same
-        # memory, as many cores each)
-        groups = interchangeable_cpu_groups((n, kinds.get(n, ""), cores.get(n, ())) for n in names
-                                            if n not in self._cuda_names) if continuation or sharing else ()
-        self._peers = {n: set(g) - {n} for g in groups for n in g
-                       if all(self._memory_of[m] == self._memory_of[n] for m in g)}
         self._continuation, self._sharing = continuation, sharing and bool(self._peers)
         self._lock = threading.Lock()
         self._conds: dict[str, threading.Condition] = {}
@@ -129,7 +106,7 @@ class TaskRuntime:
             if not any(f.device == name for f in functions) and name != self.host and not (
                     self._sharing and name in self._peers) and self._across is None:   # idle, it may still take work
                 continue
-            worker = _Worker(name, runtime_devices[name], threads.get(name), cores.get(name, ()))
+            worker = _Worker(name, runtime_devices[name], layout.threads.get(name), cores.get(name, ()))
             self._workers[name] = worker
             self._conds[name] = threading.Condition(self._lock)
             worker.thread = threading.Thread(target=self._loop, args=(worker,), daemon=True,
@@ -309,20 +286,10 @@ class TaskRuntime:
 
     def _loop(self, worker: _Worker) -> None:
         try:
-            if worker.threads is not None:
-                configure_pool(self._tvm.get_global_func("runtime.config_threadpool"), worker.threads, worker.cores)
-            if hasattr(os, "sched_getaffinity"):
-                worker.affinity = tuple(sorted(os.sched_getaffinity(0)))     # this thread's cores (Linux)
-            on_cuda = worker.device in self._cuda_names
-            if on_cuda:                   # its own stream; segments end with a sync of that stream
-                worker.stream = worker.runtime_device.create_raw_stream()
-                worker.runtime_device.set_raw_stream(worker.stream)
             served = {worker.device} | self._peers.get(worker.device, set())
             mine = [f for f in self.program.functions if f.device in served
                     or (self._across is not None and self._across.can_run(worker.device, f.segment))]
-            vm, by_name = new_virtual_machine(self.build.gpu_executable if on_cuda else self.build.executable,
-                                              worker.runtime_device, [f.name for f in mine])    # vm lives on
-            calls = {f.segment: by_name[f.name] for f in mine}
+            calls = start_worker(worker, self.build, mine, on_cuda=worker.device in self._cuda_names)
         except BaseException as exc:  # noqa: BLE001 (reported by the constructor)
             worker.error = exc
             worker.ready.set()

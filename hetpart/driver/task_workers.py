@@ -2,10 +2,14 @@
 flight, a device worker, and the helpers that move a segment's tensors."""
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
+
+from tvm_passes.thread_pool import configure_pool
+from tvm_passes.virtual_machine import new_virtual_machine
 
 __all__ = ["SegmentRun"]
 
@@ -61,6 +65,7 @@ class _Worker:
     cores: tuple[int, ...]                                        # the worker's pool is pinned there (empty: any)
     affinity: tuple[int, ...] = ()                                # the cores its thread may run on, once started
     stream: Any = None                                            # a CUDA worker's stream
+    vm: Any = None                                                # its relax.VirtualMachine (used by it alone)
     copies: int = 0                                               # tensors it copied to its device
     heap: list[tuple[int, int]] = field(default_factory=list)     # (request index, segment id)
     thread: threading.Thread | None = None
@@ -69,6 +74,23 @@ class _Worker:
     idle: bool = False                                            # waiting for work (the runtime's lock held)
     woken: int = 0                                                # pushes that woke it since it last took work
     busy_until_us: float = 0.0                                    # cross-device sharing: its segment's predicted end
+
+
+def start_worker(worker: _Worker, build: Any, functions: Sequence[Any], on_cuda: bool) -> dict[int, Any]:
+    """In the worker's own thread: size (and pin) its TVM pool, give a CUDA worker its own stream, and load its
+    VM with the segment functions it may run; returns segment id -> callable (the VM lives on in them)."""
+    import tvm
+
+    if worker.threads is not None:
+        configure_pool(tvm.get_global_func("runtime.config_threadpool"), worker.threads, worker.cores)
+    if hasattr(os, "sched_getaffinity"):
+        worker.affinity = tuple(sorted(os.sched_getaffinity(0)))     # this thread's cores (Linux)
+    if on_cuda:                   # its own stream; segments end with a sync of that stream
+        worker.stream = worker.runtime_device.create_raw_stream()
+        worker.runtime_device.set_raw_stream(worker.stream)
+    worker.vm, by_name = new_virtual_machine(build.gpu_executable if on_cuda else build.executable,
+                                             worker.runtime_device, [f.name for f in functions])
+    return {f.segment: by_name[f.name] for f in functions}
 
 
 def _copy(value: Any, device: Any) -> Any:
