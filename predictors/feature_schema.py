@@ -8,7 +8,7 @@ measurements that decided it: docs/predictors_history.md). :mod:`predictors.feat
 """
 from __future__ import annotations
 
-FEATURE_SCHEMA_VERSION = 11
+FEATURE_SCHEMA_VERSION = 12
 
 # Raw (positive) features each per-kind polynomial model uses; the model takes log(1 + x) itself. The first
 # feature is the kernel's "work": beyond its training maximum, latency is extrapolated linearly in it.
@@ -20,7 +20,7 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
                "matmul_tile_accumulators", "matmul_vector_width"),
     "gemv": ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "elementwise_elems",
              "matmul_tile_accumulators", "matmul_vector_width", "bytes_beyond_core_cache"),
-    "pool": ("bytes_total", "out_elems", "kernel_area", "stride", "pool_bounds_checked"),
+    "pool": ("flops", "bytes_total", "out_elems", "kernel_area", "stride", "pool_bounds_checked"),
     "elementwise": ("bytes_total", "out_elems", "transcendental_elems", "layout_ops", "concat_chain_elems"),
     "reduction": ("bytes_total", "in_elems", "out_elems", "n_members", "transcendental_elems"),
     "data_movement": ("bytes_total", "out_elems", "layout_ops", "n_inputs"),
@@ -37,6 +37,10 @@ KIND_FEATURES: dict[str, tuple[str, ...]] = {
 # - matmul's tile features (schema 9), as conv2d's: how many accumulators the CPU matmul rule keeps and how wide its
 #   column vector is.
 # - the gemv specialist (schema 10, SPECIALIST_KINDS below).
+# - pool's FLOPs first (schema 12): a pool's work is its window reads (FLOPs: output elements x window area), not its
+#   bytes, which a 13x13 stride-1 pool (a YOLO detector's spatial pyramid) shares with a 3x3 one. Beyond the training
+#   windows latency is scaled by the first feature, so with bytes first such a pool was predicted at 10 µs (measured
+#   667 µs); with FLOPs first, 145 µs (TVM guards every load of a window that overhangs its input, slower per read).
 # - conv2d's aliased_weight_share (schema 11): a conv whose output channels span a multiple of 4 KiB keeps its weight
 #   rows 4 KiB apart, the period of the L1 set index, so its reduction over input channels maps them all to one set
 #   (1x1 convs to 1024 or 2048 channels at 7x7 ran ~1.4x the µs per MFLOP of their neighbours). How much the misses
@@ -58,10 +62,11 @@ _MATMUL_8 = ("flops", "bytes_total", "m", "n_pad8", "k", "n_alignment", "element
 # Specialist kind -> the kernel kind it is a part of. Its kernels train both models; a specialist predicts them when
 # it was fitted (enough samples, schema >= 10), else the parent kind's model does, as before schema 10.
 SPECIALIST_KINDS: dict[str, str] = {"gemv": "matmul"}
-_SCHEMA_10 = {**KIND_FEATURES, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "aliased_weight_share")}
+_SCHEMA_11 = {**KIND_FEATURES, "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "flops")}
+_SCHEMA_10 = {**_SCHEMA_11, "conv2d": tuple(f for f in KIND_FEATURES["conv2d"] if f != "aliased_weight_share")}
 _SCHEMA_9 = {kind: names for kind, names in _SCHEMA_10.items() if kind not in SPECIALIST_KINDS}
 _WITHOUT_POOL_GUARD = {**_SCHEMA_9, "matmul": _MATMUL_8,
-                       "pool": tuple(f for f in KIND_FEATURES["pool"] if f != "pool_bounds_checked")}
+                       "pool": tuple(f for f in _SCHEMA_11["pool"] if f != "pool_bounds_checked")}
 # Feature lists of earlier schemas whose feature *definitions* this schema keeps: predictors fitted with them load
 # and predict with their own lists (the shipped Zen predictors are schema 6 and their databases are gone).
 KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
@@ -70,6 +75,7 @@ KIND_FEATURES_BY_SCHEMA: dict[int, dict[str, tuple[str, ...]]] = {
     8: {**_SCHEMA_9, "matmul": _MATMUL_8},
     9: _SCHEMA_9,
     10: _SCHEMA_10,
+    11: _SCHEMA_11,
     FEATURE_SCHEMA_VERSION: KIND_FEATURES,
 }
 # Features left out of the distance of a kind's local residual correction (polynomial.py): the batch scales a

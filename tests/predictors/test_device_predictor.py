@@ -389,3 +389,21 @@ def test_a_predictor_without_the_gemv_specialist_predicts_matrix_vector_products
     np.testing.assert_allclose(by_matmul, expected)
     few = DevicePredictor(core_cache_bytes=core, min_samples_per_kind=len(gemvs) + 1).fit(nodes, latencies_us)
     assert "gemv" not in few.models and "matmul" in few.models
+
+
+def test_a_pool_window_beyond_the_training_windows_scales_with_its_reads():
+    """Schema 12: beyond the training windows a pool is priced from its nearest training pool scaled by the window
+    reads (its FLOPs), not by its bytes, which a 13x13 stride-1 pool shares with a 3x3 one."""
+    from tests.predictors.synthetic_kernels import pool_node
+
+    rng = np.random.default_rng(3)
+    nodes = [pool_node(i, 1, int(rng.choice([32, 64, 128, 256])), int(rng.choice([13, 26, 52, 104])),
+                       int(rng.choice([2, 3])), int(rng.choice([1, 2]))) for i in range(120)]
+    latency = [0.5 + n.flops * 2e-4 for n in nodes]          # made up: time in proportion to the window reads
+    predictor = DevicePredictor().fit(nodes, latency)
+    small, large = pool_node(1000, 1, 128, 26, 3, 1), pool_node(1001, 1, 128, 26, 13, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ExtrapolationWarning)       # the 13x13 window is outside the training range
+        small_us, large_us = predictor.predict([small, large])
+    reads_ratio = large.flops / small.flops
+    assert large_us / small_us > 0.5 * reads_ratio, (small_us, large_us, reads_ratio)
