@@ -10,13 +10,14 @@ import hetpart.partition
 
 CORE = ["hetpart", "hetpart.errors", "hetpart.graph", "hetpart.graph_elements", "hetpart.devices", "hetpart.costs",
         "hetpart.plan", "hetpart.simulate", "hetpart.threads", "hetpart.segments", "hetpart.simulate_requests",
-        "hetpart.request_timeline", "hetpart.cross_sharing"]
+        "hetpart.request_program", "hetpart.request_timeline", "hetpart.cross_sharing"]
 FORBIDDEN = ("tvm", "tvm_ffi", "sklearn", "torch", "tvm_passes", "predictors", "onnx", "onnxruntime")
 
 
 def core_modules() -> list[str]:
     partition_dir = Path(hetpart.partition.__file__).parent
-    return CORE + ["hetpart.partition"] + [f"hetpart.partition.{m.name}" for m in pkgutil.iter_modules([str(partition_dir)])]
+    return CORE + ["hetpart.partition"] + [f"hetpart.partition.{m.name}"
+                                           for m in pkgutil.iter_modules([str(partition_dir)])]
 
 
 def test_core_modules_import_no_frameworks():
