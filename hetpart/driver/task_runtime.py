@@ -201,7 +201,7 @@ class TaskRuntime:
         try:
             arrays = check_inputs(self.input_specs, inputs, {}, self.index_bounds)
             self._submit_arrays(arrays, future, on_finish, deferred=True)
-        except (InputMismatchError, UsageError) as exc:
+        except Exception as exc:  # noqa: BLE001 (bad inputs, a closed runtime: this request's failure only)
             future.set_exception(exc)
             return False
         return True

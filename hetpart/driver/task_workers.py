@@ -2,6 +2,7 @@
 flight, a device worker, and the helpers that move a segment's tensors."""
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from concurrent.futures import Future
@@ -12,6 +13,8 @@ from tvm_passes.thread_pool import configure_pool
 from tvm_passes.virtual_machine import new_virtual_machine
 
 __all__ = ["SegmentRun"]
+
+log = logging.getLogger(__name__)
 
 
 class SegmentRun(NamedTuple):
@@ -54,7 +57,10 @@ class _Request:
         """Call ``on_finish`` once (its future holds the outputs or the exception by now)."""
         hook, self.on_finish = self.on_finish, None
         if hook is not None:
-            hook()
+            try:
+                hook()
+            except Exception:  # noqa: BLE001 (the worker that calls it must keep serving)
+                log.exception("the end-of-request hook of request %d failed", self.index)
 
 
 @dataclass
