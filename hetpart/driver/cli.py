@@ -148,6 +148,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from hetpart.driver import api
+    from hetpart.driver.cli_run import made_for_task_runtime
     from hetpart.driver.report import summary
 
     out_dir = args.output or Path("hetpart-out") / Path(str(args.model)).stem
@@ -180,7 +181,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
         console.print(f"  uploaded once at load: {count}{s['weight_upload_bytes'] / 1e6:.2f} MB")
     if s["emulated"]:
         console.print("  [yellow]GPU EMULATED[/yellow]: no CUDA here; the executable's GPU part runs on the CPU")
-    console.print(f"report: {out_dir / 'report.md'} (and report.html); run it with `hetpart run {out_dir}`")
+    run = f"hetpart run {out_dir}"
+    in_flight = made_for_task_runtime(compiled.plan)
+    if compiled.segments is not None:
+        run += f" --mode tasks{f' --requests {in_flight}' if in_flight else ''}"
+    elif in_flight:
+        console.print(f"  made for {in_flight} requests in flight on the task runtime: add --segments to build its "
+                      f"segments, then `{run} --mode tasks --requests {in_flight}`")
+    console.print(f"report: {out_dir / 'report.md'} (and report.html); run it with `{run}`")
     return 0
 
 

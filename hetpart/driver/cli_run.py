@@ -77,6 +77,9 @@ def _run_loaded(args: argparse.Namespace, runtime) -> int:
         console.print(f"output {k}: shape {list(out.shape)} {out.dtype}, mean {float(np.mean(out)):.6g}")
     if args.requests > 1:
         _run_requests(console, runtime, args, named)
+    hint = task_runtime_hint(Path(args.directory), args.mode)
+    if hint:
+        console.print(f"note: {hint}")
     if args.save:
         args.save.mkdir(parents=True, exist_ok=True)
         for k, out in enumerate(outputs):
@@ -93,6 +96,31 @@ def _run_loaded(args: argparse.Namespace, runtime) -> int:
         console.print(f"check vs onnxruntime: {result.describe()}")
         return 0 if result.ok else 1
     return 0
+
+
+def made_for_task_runtime(plan: Any) -> int:
+    """Requests in flight a plan was made for on the task runtime (``timeslice``/``portfolio`` with requests, or
+    cross-device sharing); 0 for a plan made for one request at a time."""
+    requests = int(plan.stats.get("requests", 1) or 1)
+    across = bool(plan.config.get("cross_device_sharing"))
+    return max(requests, 2) if across else (requests if requests > 1 else 0)
+
+
+def task_runtime_hint(directory: Path, mode: str) -> str | None:
+    """What to do when a plan made for many requests on the task runtime is not run by it (None otherwise)."""
+    from hetpart.plan import Plan
+    from tvm_passes.segment_build import SEGMENTS_MANIFEST
+
+    if mode == "tasks" or not (directory / "plan.json").exists():
+        return None
+    requests = made_for_task_runtime(Plan.load(directory / "plan.json"))
+    if not requests:
+        return None
+    if (directory / SEGMENTS_MANIFEST).exists():
+        return (f"the plan was made for {requests} requests in flight on the task runtime; add --mode tasks to run "
+                "its segments that way")
+    return (f"the plan was made for {requests} requests in flight on the task runtime, but this directory holds no "
+            "segments for it: recompile with --segments, then run with --mode tasks")
 
 
 def register(sub: Any, positive_int: Callable[[str], int]) -> None:
