@@ -63,10 +63,7 @@ class TaskRuntime:
                  threads_per_device: Mapping[str, int] | None = None, start_timeout_s: float = 120.0,
                  trace: bool = False, index_bounds: Mapping[str, int] | None = None, continuation: bool = True,
                  sharing: bool = True, cross_device_sharing: bool | None = None):
-        ensure_tvm_threads()
-        import tvm
-
-        self._tvm = tvm
+        ensure_tvm_threads()          # before TVM loads (device_layout imports it)
         self.build = build
         self.program = build.program
         self.index_bounds = dict(index_bounds or {})      # inputs indexing a table: its rows (check.index_input_bounds)
@@ -246,6 +243,7 @@ class TaskRuntime:
 
         def prepare() -> list[Any]:
             return [to_host_tensor(a, host) for a in arrays]
+
         with self._lock:
             if self._closing:
                 raise UsageError("the task runtime is closed")
