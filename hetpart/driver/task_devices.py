@@ -18,7 +18,6 @@ class DeviceLayout:
     cores: Mapping[str, tuple[int, ...]]            # recorded cores of a CPU device (its pool is pinned there)
     threads: Mapping[str, int]                      # TVM pool threads of a device's worker
     peers: Mapping[str, frozenset[str]]             # interchangeable CPU core groups of the same memory
-    kinds: Mapping[str, str]
 
 
 def device_layout(build: Any, host: str, planned: Sequence[str], runtime_devices: Mapping[str, Any] | None,
@@ -50,4 +49,4 @@ def device_layout(build: Any, host: str, planned: Sequence[str], runtime_devices
     groups = interchangeable_cpu_groups((n, kinds.get(n, ""), cores.get(n, ())) for n in names
                                         if n not in cuda_names) if peers_wanted else ()
     peers = {n: frozenset(g) - {n} for g in groups for n in g if all(memory_of[m] == memory_of[n] for m in g)}
-    return DeviceLayout(names, dict(runtime_devices), cuda_names, memory_of, cores, threads, peers, kinds)
+    return DeviceLayout(names, dict(runtime_devices), cuda_names, memory_of, cores, threads, peers)
