@@ -186,8 +186,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if compiled.segments is not None:
         run += f" --mode tasks{f' --requests {in_flight}' if in_flight else ''}"
     elif in_flight:
-        console.print(f"  made for {in_flight} requests in flight on the task runtime: add --segments to build its "
-                      f"segments, then `{run} --mode tasks --requests {in_flight}`")
+        console.print(f"  made for {in_flight} requests in flight on the task runtime: compile without --no-segments "
+                      f"to build its segments, then `{run} --mode tasks --requests {in_flight}`")
     console.print(f"report: {out_dir / 'report.md'} (and report.html); run it with `{run}`")
     return 0
 
@@ -308,8 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", type=Path, help="use this plan.json (e.g. an edited one) instead of planning")
     p.add_argument("--cpu-predictor", type=Path, help="CPU latency predictor JSON (default: the shipped one)")
     p.add_argument("-o", "--output", type=Path, help="output directory, new or empty (default hetpart-out/MODEL)")
-    p.add_argument("--segments", action="store_true", help="also build the plan's segments for the task runtime "
-                   "(hetpart run --mode tasks; the GPU's segments are emulated on the CPU where there is no CUDA)")
+    p.add_argument("--segments", action=argparse.BooleanOptionalAction, default=None, help="also build the plan's "
+                   "segments for the task runtime (hetpart run --mode tasks; the GPU's segments are emulated on the "
+                   "CPU where there is no CUDA). Default: built when the plan is made for it (timeslice or portfolio "
+                   "with --requests > 1, or --cross-device-sharing)")
     p.add_argument("--force", action="store_true", help="replace an earlier hetpart output in the output directory "
                    "(files hetpart did not write are never deleted)")
     p.set_defaults(func=cmd_compile)

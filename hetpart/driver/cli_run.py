@@ -14,6 +14,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from hetpart.driver import api
 
+    if args.mode is None:
+        args.mode = default_mode(Path(args.directory))
     options = {}
     if not args.work_sharing:
         if args.mode != "tasks":
@@ -106,6 +108,18 @@ def made_for_task_runtime(plan: Any) -> int:
     return max(requests, 2) if across else (requests if requests > 1 else 0)
 
 
+def default_mode(directory: Path) -> str:
+    """``hetpart run``'s mode when none is given: ``tasks`` for a plan made for the task runtime whose segments the
+    directory holds, else ``sequential``."""
+    from hetpart.plan import Plan
+    from tvm_passes.segment_build import SEGMENTS_MANIFEST
+
+    if (directory / SEGMENTS_MANIFEST).exists() and (directory / "plan.json").exists() and made_for_task_runtime(
+            Plan.load(directory / "plan.json")):
+        return "tasks"
+    return "sequential"
+
+
 def task_runtime_hint(directory: Path, mode: str) -> str | None:
     """What to do when a plan made for many requests on the task runtime is not run by it (None otherwise)."""
     from hetpart.plan import Plan
@@ -139,9 +153,10 @@ def register(sub: Any, positive_int: Callable[[str], int]) -> None:
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL,
                    help=f"absolute tolerance of --check (default {DEFAULT_ATOL:g})")
     p.add_argument("--save", type=Path, help="directory to write output<k>.npy into")
-    p.add_argument("--mode", choices=("sequential", "tasks"), default="sequential",
-                   help="sequential: one VM runs the whole executable (default); tasks: the plan's segments on one "
-                   "worker thread per device (needs a compile with --segments)")
+    p.add_argument("--mode", choices=("sequential", "tasks"), default=None,
+                   help="sequential: one VM runs the whole executable; tasks: the plan's segments on one worker "
+                   "thread per device (needs a compile with segments). Default: tasks for a plan made for many "
+                   "requests in flight whose segments were built, else sequential")
     p.add_argument("--requests", type=positive_int, default=1,
                    help="run this many requests and print throughput and latency percentiles (tasks mode keeps "
                    "them all in flight)")

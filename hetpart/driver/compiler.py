@@ -233,7 +233,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
             pins: Mapping[str, str] | None = None, plan: str | Path | Plan | None = None,
             input_shapes: Any = None, example_inputs: Sequence[Any] | None = None, batch: int | None = None,
             size: int | None = None, cpu_predictor: str | Path | None = None, emulate_gpu: bool | None = None,
-            output_dir: str | Path | None = None, overwrite: bool = False, segments: bool = False,
+            output_dir: str | Path | None = None, overwrite: bool = False, segments: bool | None = None,
             requests: int | None = None, slice_steps: int | None = None, rnn_projection: str | None = None,
             partition_options: Mapping[str, Any] | None = None,
             progress: Callable[[str], None] | None = None) -> CompiledModel:
@@ -246,6 +246,8 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     also builds the plan's segments for the task runtime (``hetpart.load(dir, mode="tasks")``; the GPU's segments
     compiled for CUDA, or emulated without it), and plans for it: the runtime's overhead per segment is measured
     first and given to the partitioner (unless ``partition_options`` sets ``dispatch_overhead_us_by_device``).
+    ``segments=None`` (the default) builds them when the plan is made for the task runtime: ``timeslice`` or
+    ``portfolio`` for more than one request in flight, or cross-device sharing, on more than one device.
     ``requests``: requests in flight the ``timeslice`` and ``portfolio`` plans are chosen for (simulated N-request
     makespan); ``slice_steps``: ``timeslice``'s steps per time slice;
     ``rnn_projection="per_slice"`` imports ONNX RNNs with one input projection per ``slice_steps`` steps
@@ -287,6 +289,9 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     config = PartitionConfig.coerce({**given, **dict(partition_options or {})})
     rnn_options = None if rnn_projection is None else RnnImportOptions(rnn_projection, slice_steps or 1)
     given_plan, choice = _given_plan(plan, devices)
+    if segments is None:            # a plan made for many requests in flight runs on the task runtime
+        segments = given_plan is None and len(choice.devices.names) > 1 and (
+            config.cross_device_sharing or (method in ("timeslice", "portfolio") and config.requests > 1))
     if output_dir is not None:
         check_writable(output_dir, overwrite=overwrite)
     say("importing model")

@@ -32,3 +32,24 @@ def test_the_hint_names_what_is_missing(tmp_path):
     (tmp_path / "segments.json").write_text("{}")
     assert "add --mode tasks" in task_runtime_hint(tmp_path, "sequential")
     assert task_runtime_hint(tmp_path, "tasks") is None                       # it is run by the task runtime
+
+
+def test_run_picks_the_task_runtime_for_a_plan_made_for_it(tmp_path):
+    from hetpart.driver.cli_run import default_mode
+
+    assert default_mode(tmp_path) == "sequential"                              # nothing compiled here
+    _plan(stats={"requests": 16}).save(tmp_path / "plan.json")
+    assert default_mode(tmp_path) == "sequential"                              # no segments built
+    (tmp_path / "segments.json").write_text("{}")
+    assert default_mode(tmp_path) == "tasks"
+    _plan(stats={"requests": 1}).save(tmp_path / "plan.json")
+    assert default_mode(tmp_path) == "sequential"                              # segments of a one-request plan
+
+
+def test_compile_segments_flag_is_tri_state():
+    from hetpart.driver.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["compile", "lstm_lm"]).segments is None         # decided by the plan's purpose
+    assert parser.parse_args(["compile", "lstm_lm", "--segments"]).segments is True
+    assert parser.parse_args(["compile", "lstm_lm", "--no-segments"]).segments is False

@@ -194,3 +194,18 @@ def test_cli_timeslice_segments_reaches_the_scheduler(tmp_path):
         got = runtime(*feeds.values())
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("segments", [None, False])
+def test_a_plan_made_for_many_requests_is_built_for_the_task_runtime_by_default(tmp_path, segments):
+    """compile(segments=None) builds the segments of a timeslice plan for more than one request in flight (what
+    `hetpart run` then runs in tasks mode); segments=False (--no-segments) does not."""
+    from hetpart.driver.cli_run import default_mode
+
+    model, _ = build_rnn_model("LSTM", **{**BIDIRECTIONAL, "direction": "forward"})
+    onnx.save(model, tmp_path / "lstm.onnx")
+    out = tmp_path / "out"
+    compiled = hetpart.compile(str(tmp_path / "lstm.onnx"), devices=SPEC, method="timeslice", requests=4,
+                               segments=segments, output_dir=out)
+    assert (compiled.segments is not None) == (segments is None)
+    assert default_mode(out) == ("tasks" if segments is None else "sequential")
