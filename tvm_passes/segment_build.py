@@ -21,7 +21,6 @@ executable (``segments_gpu.so``), which the GPU worker runs on ``tvm.cuda(0)`` o
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -37,13 +36,10 @@ from tvm_passes.bindings import op_bindings
 from tvm_passes.native_log import native_output_to_log
 
 __all__ = ["SegmentFunction", "SegmentProgram", "SegmentBuild", "emit_segment_functions", "build_segments",
-           "export_segments", "load_segments", "function_name"]
+           "function_name", "gpu_source"]
 
 logger = logging.getLogger(__name__)
 
-SEGMENTS_LIBRARY = "segments.so"
-SEGMENTS_GPU_LIBRARY = "segments_gpu.so"
-SEGMENTS_MANIFEST = "segments.json"
 
 
 def function_name(segment_id: int) -> str:
@@ -372,57 +368,3 @@ def gpu_source(executable: Any) -> str:
             found.append(module.inspect_source())
         stack.extend(module.imports)
     return "\n".join(found)
-
-
-def export_segments(build: SegmentBuild, out_dir: str | Path) -> Path:
-    """Write ``segments.so`` (all segment functions) and ``segments.json`` into ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        with native_output_to_log():
-            build.executable.export_library(str(out / SEGMENTS_LIBRARY))
-    except Exception as exc:  # TVM raises its own error types
-        raise BuildError(f"export_library to {out / SEGMENTS_LIBRARY} failed: {type(exc).__name__}: {exc}") from exc
-    if build.gpu_executable is not None:
-        try:
-            with native_output_to_log():
-                build.gpu_executable.export_library(str(out / SEGMENTS_GPU_LIBRARY))
-        except Exception as exc:  # TVM raises its own error types
-            raise BuildError(f"export_library to {out / SEGMENTS_GPU_LIBRARY} failed: {type(exc).__name__}: "
-                             f"{exc}") from exc
-    (out / SEGMENTS_MANIFEST).write_text(json.dumps({"program": build.program.to_dict(),
-                                                     "inputs": list(build.input_specs), "emulated": build.emulated,
-                                                     "build_time_s": build.build_time_s,
-                                                     "devices": list(build.devices),
-                                                     "gpu_library": SEGMENTS_GPU_LIBRARY
-                                                     if build.gpu_executable is not None else None,
-                                                     "sharing": build.sharing}, indent=1))
-    return out
-
-
-def load_segments(directory: str | Path) -> SegmentBuild:
-    """Load what :func:`export_segments` wrote."""
-    path = Path(directory)
-    manifest = path / SEGMENTS_MANIFEST
-    if not manifest.exists():
-        raise SchemaError(f"{path} holds no segment build ({SEGMENTS_MANIFEST} is missing)")
-    try:
-        data = json.loads(manifest.read_text())
-    except json.JSONDecodeError as exc:
-        raise SchemaError(f"{manifest} is not valid JSON: {exc}") from exc
-    try:
-        with native_output_to_log():
-            executable = tvm.runtime.load_module(str(path / SEGMENTS_LIBRARY))
-    except Exception as exc:  # TVM raises its own error types
-        raise BuildError(f"cannot load {path / SEGMENTS_LIBRARY}: {exc}") from exc
-    gpu_executable = None
-    if data.get("gpu_library"):
-        try:
-            with native_output_to_log():
-                gpu_executable = tvm.runtime.load_module(str(path / data["gpu_library"]))
-        except Exception as exc:  # TVM raises its own error types
-            raise BuildError(f"cannot load {path / data['gpu_library']} (its GPU segments need CUDA): {exc}") from exc
-    return SegmentBuild(executable, SegmentProgram.from_dict(data["program"]), tuple(data["inputs"]),
-                        emulated=bool(data["emulated"]), build_time_s=float(data.get("build_time_s", 0.0)),
-                        devices=tuple(data.get("devices", ())), gpu_executable=gpu_executable,
-                        sharing=data.get("sharing"))

@@ -112,7 +112,7 @@ def default_mode(directory: Path) -> str:
     """``hetpart run``'s mode when none is given: ``tasks`` for a plan made for the task runtime whose segments the
     directory holds, else ``sequential``."""
     from hetpart.plan import Plan
-    from tvm_passes.segment_build import SEGMENTS_MANIFEST
+    from tvm_passes.segment_artifact import SEGMENTS_MANIFEST
 
     if (directory / SEGMENTS_MANIFEST).exists() and (directory / "plan.json").exists() and made_for_task_runtime(
             Plan.load(directory / "plan.json")):
@@ -123,7 +123,7 @@ def default_mode(directory: Path) -> str:
 def task_runtime_hint(directory: Path, mode: str) -> str | None:
     """What to do when a plan made for many requests on the task runtime is not run by it (None otherwise)."""
     from hetpart.plan import Plan
-    from tvm_passes.segment_build import SEGMENTS_MANIFEST
+    from tvm_passes.segment_artifact import SEGMENTS_MANIFEST
 
     if mode == "tasks" or not (directory / "plan.json").exists():
         return None

@@ -105,7 +105,7 @@ class CompiledModel:
                                                             "index_bounds": self.index_bounds}, indent=1))
             write_report(self._report_data(), staging)
             if self.segments is not None:
-                from tvm_passes.segment_build import export_segments
+                from tvm_passes.segment_artifact import export_segments
 
                 export_segments(self.segments, staging)
 

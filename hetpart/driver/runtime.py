@@ -124,7 +124,7 @@ def load(directory: str | Path, mode: str = "sequential", **task_options: Any) -
     if mode != "tasks":
         raise UsageError(f"mode must be one of {list(MODES)}; found {mode!r}")
     from hetpart.driver.task_runtime import TaskRuntime
-    from tvm_passes.segment_build import SEGMENTS_MANIFEST, load_segments
+    from tvm_passes.segment_artifact import SEGMENTS_MANIFEST, load_segments
 
     if not (Path(directory) / SEGMENTS_MANIFEST).exists():
         raise UsageError(f"{directory} holds no segments for the task runtime; compile with --segments (Python: "

@@ -188,7 +188,7 @@ def test_random_squeezenet_plans_match_sequential(compiled, module):
 
 def test_segment_build_round_trips_through_one_library(compiled, runtime, tmp_path):
     from hetpart.driver.task_runtime import TaskRuntime
-    from tvm_passes.segment_build import export_segments, load_segments
+    from tvm_passes.segment_artifact import export_segments, load_segments
 
     export_segments(runtime.build, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["segments.json", "segments.so"]

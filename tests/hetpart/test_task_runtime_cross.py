@@ -85,7 +85,8 @@ def test_off_keeps_the_placement(compiled, module):
 
 def test_the_table_round_trips_with_the_segments_and_a_build_without_it_refuses(compiled, module, tmp_path):
     from hetpart.driver.task_runtime import TaskRuntime
-    from tvm_passes.segment_build import build_segments, export_segments, load_segments
+    from tvm_passes.segment_artifact import export_segments, load_segments
+    from tvm_passes.segment_build import build_segments
 
     build = _build(compiled, module, cpu_us=1.0, gpu_us=1e6)
     export_segments(build, tmp_path)

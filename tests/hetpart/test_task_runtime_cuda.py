@@ -49,7 +49,8 @@ def mixed():
 
 
 def test_gpu_segments_become_cuda_kernels_that_nvcc_compiles(mixed, tmp_path, nvcc_path):
-    from tvm_passes.segment_build import export_segments, gpu_source
+    from tvm_passes.segment_artifact import export_segments
+    from tvm_passes.segment_build import gpu_source
 
     _, _, build = mixed
     gpu_functions = [f for f in build.program.functions if f.device == "gpu"]
@@ -101,7 +102,8 @@ def test_with_cross_device_sharing_the_cuda_executable_holds_the_cpu_segments_th
     from hetpart.cross_sharing import SharingTable, planned_load_us
     from hetpart.segments import segment_plan
     from tvm_passes.extract import extract_op_graph
-    from tvm_passes.segment_build import build_segments, export_segments, gpu_source
+    from tvm_passes.segment_artifact import export_segments
+    from tvm_passes.segment_build import build_segments, gpu_source
 
     graph = extract_op_graph(_module(), with_kernels=False)
     device_of = ["gpu" if k % 2 == 0 else "cpu" for k in range(graph.num_ops)]
