@@ -21,3 +21,9 @@ def test_a_plan_on_one_core_group_says_requests_spread_over_the_groups_that_shar
     assert "copies would cost more" not in shared
     assert "copies would cost more" in _partition_verdict(one_group)        # no segments: no task runtime
     assert "one device offered" in _partition_verdict(summary({"cpu": 8}))
+
+
+def test_a_plan_made_for_many_requests_calls_its_one_request_figure_what_it_is():
+    verdict = _partition_verdict(summary({"cpu": 3, "gpu": 5}), made_for=16)
+    assert "made for 16 requests in flight" in verdict and "one request alone is predicted 2.00x as fast" in verdict
+    assert "made for" not in _partition_verdict(summary({"cpu": 3, "gpu": 5}))
