@@ -49,6 +49,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
 from hetpart.partition.slices import parse_rnn_tag
+from tvm_passes.rnn_cells import CELL_STEPS, GATE_COUNT, Emitter, StepInput, cell_weights, rnn_tag_name
 from tvm_passes.rnn_slices import (InputSlices, RnnImportOptions, StepSequence, current_options,
                                    register_sequence, rnn_import_options, stack_steps)
 
@@ -62,15 +63,6 @@ RNN_OP_TYPES = ("LSTM", "GRU", "RNN")
 DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh"), "RNN": ("tanh",)}
 _DIRECTIONS = ("forward", "reverse", "bidirectional")
 _LAYER_COUNTER_ATTR = "_hetpart_rnn_layers_converted"
-GATE_COUNT = {"LSTM": 4, "GRU": 3, "RNN": 1}
-
-
-def rnn_tag_name(layer: int, direction: int | None, step: int | str, what: str) -> str:
-    """The var name for an emitted binding: ``step`` is an int, ``"in"``, ``"out"`` or ``"p<T>"`` (the projection of
-    the slice starting at step T); direction None = all."""
-    d = "all" if direction is None else str(direction)
-    t = f"t{step}" if isinstance(step, int) else step
-    return f"rnn{layer}_d{d}_{t}_{what}"
 
 
 def _text(value) -> str:
@@ -190,166 +182,38 @@ def _parse_spec(op_type: str, inputs, attrs: dict, params) -> _RnnSpec:
                     dtype=str(inputs[0].ty.dtype))
 
 
-class _Emitter:
-    """Emits bindings named with the (layer, direction, step) tag of one RNN node."""
-
-    def __init__(self, bb: relax.BlockBuilder, layer: int):
-        self.bb = bb
-        self.layer = layer
-        self.direction: int | None = None
-        self.step: int | str = "in"
-
-    def __call__(self, expr: relax.Expr, what: str) -> relax.Var:
-        return self.bb.emit(expr, name_hint=rnn_tag_name(self.layer, self.direction, self.step, what))
-
-    def item(self, tup: relax.Expr, index: int, what: str) -> relax.Var:
-        return self(relax.TupleGetItem(tup, index), what)
 
 
-def _slice_rows(emit: _Emitter, tensor: relax.Expr, direction: int, start: int, stop: int,
-                transpose: bool, what: str) -> relax.Expr:
-    """``tensor[direction, start:stop]`` (transposed if asked), folded in numpy when ``tensor`` is a constant."""
-    if isinstance(tensor, tvm.ir.expr.Constant):
-        rows = tensor.value.numpy()[direction, start:stop]
-        return relax.const(np.ascontiguousarray(rows.T if transpose else rows))
-    part = emit(relax.op.take(tensor, relax.const(direction, "int64"), axis=0, mode="clip"), f"{what}_dir")
-    if start != 0 or stop != int(tensor.ty.shape.values[1]):
-        part = emit(relax.op.strided_slice(part, axes=[0], begin=[start], end=[stop]), f"{what}_rows")
-    return emit(relax.op.permute_dims(part, [1, 0]), f"{what}_t") if transpose else part
-
-
-def _add(emit: _Emitter, a: relax.Expr | None, b: relax.Expr | None, what: str) -> relax.Expr | None:
-    """a + b where either may be None (absent); two constants are added in numpy."""
-    if a is None or b is None:
-        return b if a is None else a
-    if isinstance(a, tvm.ir.expr.Constant) and isinstance(b, tvm.ir.expr.Constant):
-        return relax.const(a.value.numpy() + b.value.numpy())
-    return emit(relax.op.add(a, b), what)
-
-
-@dataclass(frozen=True)
-class _CellWeights:
-    """One direction's weights, laid out for ``x @ w_t`` and ``h @ r_t``."""
-
-    w_t: relax.Expr                              # [input, G*H]
-    r_t: relax.Expr                              # [H, G*H]; GRU with linear_before_reset=0: [H, 2H] (z, r)
-    r_h_t: relax.Expr | None = None              # GRU with linear_before_reset=0: [H, H]
-    recurrent_bias: relax.Expr | None = None     # GRU with linear_before_reset=1: Rb [3H]
-    peepholes: tuple[relax.Expr, ...] | None = None  # LSTM: (P_i, P_o, P_f), each [H]
-
-
-def _cell_weights(emit: _Emitter, spec: _RnnSpec, inputs, d: int) -> tuple[_CellWeights, relax.Expr | None]:
-    """Per-direction weights, plus the bias added to the hoisted input projection (None: no bias)."""
-    gh, hid = GATE_COUNT[spec.op_type] * spec.hidden, spec.hidden
-    w, r, b = inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None
-    w_t = _slice_rows(emit, w, d, 0, gh, True, "w")
-    w_bias = None if b is None else _slice_rows(emit, b, d, 0, gh, False, "wb")
-    r_bias = None if b is None else _slice_rows(emit, b, d, gh, 2 * gh, False, "rb")
-    if spec.op_type == "GRU" and not spec.linear_before_reset:
-        # h~ = tanh(x W_h + (r * H) R_h + Wb_h + Rb_h): R_h multiplies r * H, so it is a separate matmul.
-        weights = _CellWeights(w_t=w_t, r_t=_slice_rows(emit, r, d, 0, 2 * hid, True, "r_zr"),
-                               r_h_t=_slice_rows(emit, r, d, 2 * hid, 3 * hid, True, "r_h"))
-        return weights, _add(emit, w_bias, r_bias, "bias")
-    r_t = _slice_rows(emit, r, d, 0, gh, True, "r")
-    if spec.op_type == "GRU":  # linear_before_reset=1: h~ = tanh(x W_h + Wb_h + r * (H R_h + Rb_h))
-        return _CellWeights(w_t=w_t, r_t=r_t, recurrent_bias=r_bias), w_bias
-    peep = inputs[7] if spec.op_type == "LSTM" and len(inputs) > 7 else None
-    peepholes = None if peep is None else tuple(
-        _slice_rows(emit, peep, d, k * hid, (k + 1) * hid, False, f"p{k}") for k in range(3))
-    return _CellWeights(w_t=w_t, r_t=r_t, peepholes=peepholes), _add(emit, w_bias, r_bias, "bias")
-
-
-def _columns(tensor: relax.Expr) -> int:
-    return int(tensor.ty.shape.values[-1])
-
-
-def _gate(emit: _Emitter, tensor: relax.Expr, k: int, hidden: int, what: str) -> relax.Var:
-    """Columns ``[k*hidden, (k+1)*hidden)`` of ``tensor``: one gate of a [batch, G*hidden] tensor.
-
-    Gates are cut with one slice each, not a ``split``: FuseOps cannot fuse the tuple a split returns into the
-    cell when the gates go to different kernels (an LSTM's two cell kernels, a GRU's candidate behind a second
-    matmul), so every step ran a split kernel of its own and allocated its G outputs; each single-use slice fuses
-    into the kernel that reads it (an LSTM step: the step input's take, the recurrent matmul and two cell kernels,
-    instead of five kernels)."""
-    return emit(relax.op.strided_slice(tensor, axes=[1], begin=[k * hidden], end=[(k + 1) * hidden]), what)
-
-
-def _lstm_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
-    """ONNX LSTM, gate order i, o, f, c; peepholes P_i, P_f see C_{t-1} and P_o sees C_t."""
-    op = relax.op
-    gates = emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "gates")
-    hidden = _columns(gates) // 4
-    g_i, g_o, g_f, g_c = (_gate(emit, gates, k, hidden, name) for k, name in enumerate(("gi", "go", "gf", "gc")))
-    if w.peepholes is not None:
-        p_i, p_o, p_f = w.peepholes
-        g_i = emit(op.add(g_i, emit(op.multiply(p_i, c), "pi_c")), "gi_peep")
-        g_f = emit(op.add(g_f, emit(op.multiply(p_f, c), "pf_c")), "gf_peep")
-    i, f, cand = emit(op.sigmoid(g_i), "i"), emit(op.sigmoid(g_f), "f"), emit(op.tanh(g_c), "cand")
-    c_new = emit(op.add(emit(op.multiply(f, c), "fc"), emit(op.multiply(i, cand), "ic")), "c")
-    if w.peepholes is not None:
-        g_o = emit(op.add(g_o, emit(op.multiply(w.peepholes[1], c_new), "po_c")), "go_peep")
-    o = emit(op.sigmoid(g_o), "o")
-    return emit(op.multiply(o, emit(op.tanh(c_new), "tanh_c")), "h"), c_new
-
-
-def _gru_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
-    """ONNX GRU, gate order z, r, h; H_t = (1 - z) * h~ + z * H_{t-1}, computed as h~ + z * (H_{t-1} - h~)."""
-    op = relax.op
-    if w.r_h_t is None:  # linear_before_reset=1
-        # One cell kernel reads every gate, so FuseOps fuses a split into it, and a split is fewer ops than slices:
-        # with slices the 600-step GRU had 22,900 ops instead of 18,104 and compiled 8% slower.
-        x_parts = emit(op.split(x, 3, axis=1), "x_split")
-        x_z, x_r, x_h = (emit.item(x_parts, k, name) for k, name in enumerate(("xz", "xr", "xh")))
-        h_proj = emit(op.matmul(h, w.r_t), "hr")
-        if w.recurrent_bias is not None:
-            h_proj = emit(op.add(h_proj, w.recurrent_bias), "hr_bias")
-        h_parts = emit(op.split(h_proj, 3, axis=1), "h_split")
-        h_z, h_r, h_h = (emit.item(h_parts, k, name) for k, name in enumerate(("hz", "hr_r", "hh")))
-    else:
-        hidden = _columns(x) // 3
-        x_z, x_r, x_h = (_gate(emit, x, k, hidden, name) for k, name in enumerate(("xz", "xr", "xh")))
-        hr = emit(op.matmul(h, w.r_t), "hr")
-        h_z, h_r = (_gate(emit, hr, k, hidden, name) for k, name in enumerate(("hz", "hr_r")))
-    z = emit(op.sigmoid(emit(op.add(x_z, h_z), "z_pre")), "z")
-    r = emit(op.sigmoid(emit(op.add(x_r, h_r), "r_pre")), "r")
-    if w.r_h_t is None:
-        reset = emit(op.multiply(r, h_h), "r_hh")
-    else:
-        reset = emit(op.matmul(emit(op.multiply(r, h), "r_h"), w.r_h_t), "r_h_proj")
-    cand = emit(op.tanh(emit(op.add(x_h, reset), "cand_pre")), "cand")
-    return emit(op.add(cand, emit(op.multiply(z, emit(op.subtract(h, cand), "h_cand")), "z_h_cand")), "h"), c
-
-
-def _rnn_step(emit: _Emitter, w: _CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
-    """ONNX RNN: H_t = tanh(x W^T + H_{t-1} R^T + Wb + Rb)."""
-    op = relax.op
-    return emit(op.tanh(emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "pre")), "h"), c
-
-
-_CELL_STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}
-
-
-def _initial_state(emit: _Emitter, spec: _RnnSpec, state: relax.Expr | None, d: int, what: str) -> relax.Expr:
+def _initial_state(emit: Emitter, spec: _RnnSpec, state: relax.Expr | None, d: int, what: str) -> relax.Expr:
     if state is None:
         return relax.const(np.zeros((spec.batch, spec.hidden), dtype=spec.dtype))
     dir_axis = 0 if spec.layout == 0 else 1  # [num_dirs, batch, H] or [batch, num_dirs, H]
     return emit(relax.op.take(state, relax.const(d, "int64"), axis=dir_axis, mode="clip"), what)
 
 
-def _run_direction(emit: _Emitter, spec: _RnnSpec, inputs, d: int, options: RnnImportOptions,
+def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnImportOptions,
                    x_slices: InputSlices):
     """Unroll one direction; returns (Y of this direction without the direction axis, final h, final c, the h of
     every time position)."""
     emit.direction, emit.step = d, "in"
-    weights, proj_bias = _cell_weights(emit, spec, inputs, d)
+    weights, proj_bias = cell_weights(emit, spec.op_type, spec.hidden, spec.linear_before_reset, inputs, d)
     per_slice = options.input_projection == "per_slice"
     k = options.slice_steps
 
     def project(x: relax.Expr) -> relax.Expr:
-        proj = emit(relax.op.matmul(x, weights.w_t), "xproj")
+        """The projection of ``x`` [steps, batch, in] / [batch, steps, in] flattened to [steps*batch, in]."""
+        dims = [int(v) for v in x.ty.shape.values]
+        flat = emit(relax.op.reshape(x, [dims[0] * dims[1], dims[2]]), "x_flat")
+        proj = emit(relax.op.matmul(flat, weights.w_t), "xproj")
         return proj if proj_bias is None else emit(relax.op.add(proj, proj_bias), "xproj_bias")
 
-    proj, first_time = (None, 0) if per_slice else (project(inputs[0]), 0)
+    def step_input(proj: relax.Expr, t: int, steps: int) -> StepInput:
+        """Time position ``t`` (counted from the first step ``proj`` projects, of ``steps``)."""
+        if spec.layout == 0:
+            return StepInput(proj, t * spec.batch, (t + 1) * spec.batch, 1)
+        return StepInput(proj, t, (spec.batch - 1) * steps + t + 1, steps)
+
+    proj, first_time, steps = (None, 0, 0) if per_slice else (project(inputs[0]), 0, spec.seq_len)
     h = _initial_state(emit, spec, inputs[5] if len(inputs) > 5 else None, d, "h0")
     c = _initial_state(emit, spec, inputs[6] if len(inputs) > 6 else None, d, "c0")
     outputs: list[relax.Expr | None] = [None] * spec.seq_len
@@ -358,12 +222,10 @@ def _run_direction(emit: _Emitter, spec: _RnnSpec, inputs, d: int, options: RnnI
             stop = min(spec.seq_len, step + k)
             lo, hi = (spec.seq_len - stop, spec.seq_len - step) if spec.reversed_dirs[d] else (step, stop)
             emit.step = f"p{step}"
-            proj, first_time = project(x_slices(emit, lo, hi, d)), lo
+            proj, first_time, steps = project(x_slices(emit, lo, hi, d)), lo, hi - lo
         emit.step = step
         time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
-        x_gates = emit(relax.op.take(proj, relax.const(time - first_time, "int64"), axis=spec.time_axis,
-                                     mode="clip"), "x")
-        h, c = _CELL_STEPS[spec.op_type](emit, weights, x_gates, h, c)
+        h, c = CELL_STEPS[spec.op_type](emit, weights, step_input(proj, time - first_time, steps), h, c)
         outputs[time] = h
     emit.step = "out"
     y = stack_steps(emit, outputs, spec.time_axis, "y_dir")
@@ -380,7 +242,7 @@ def _next_layer(bb: relax.BlockBuilder) -> int:
 def _convert(op_type: str, bb: relax.BlockBuilder, inputs, attrs: dict, params) -> relax.Tuple:
     spec = _parse_spec(op_type, inputs, attrs, params)
     options = current_options()
-    emit = _Emitter(bb, _next_layer(bb))
+    emit = Emitter(bb, _next_layer(bb))
     x_slices = InputSlices(bb, inputs[0], spec.time_axis, spec.seq_len)
     logger.debug("unrolling %s node %r as rnn layer %d: %d steps x %d directions, %s input projection%s",
                  op_type, spec.node_name, emit.layer, spec.seq_len, len(spec.reversed_dirs), options.input_projection,
