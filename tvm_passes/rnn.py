@@ -49,7 +49,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
 from hetpart.partition.slices import parse_rnn_tag
-from tvm_passes.rnn_cells import CELL_STEPS, GATE_COUNT, Emitter, StepInput, cell_weights, rnn_tag_name
+from tvm_passes.rnn_cells import CELL_STEPS, GATE_COUNT, Emitter, cell_weights, rnn_tag_name
 from tvm_passes.rnn_slices import (InputSlices, RnnImportOptions, StepSequence, current_options,
                                    register_sequence, rnn_import_options, stack_steps)
 
@@ -201,19 +201,10 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
     k = options.slice_steps
 
     def project(x: relax.Expr) -> relax.Expr:
-        """The projection of ``x`` [steps, batch, in] / [batch, steps, in] flattened to [steps*batch, in]."""
-        dims = [int(v) for v in x.ty.shape.values]
-        flat = emit(relax.op.reshape(x, [dims[0] * dims[1], dims[2]]), "x_flat")
-        proj = emit(relax.op.matmul(flat, weights.w_t), "xproj")
+        proj = emit(relax.op.matmul(x, weights.w_t), "xproj")
         return proj if proj_bias is None else emit(relax.op.add(proj, proj_bias), "xproj_bias")
 
-    def step_input(proj: relax.Expr, t: int, steps: int) -> StepInput:
-        """Time position ``t`` (counted from the first step ``proj`` projects, of ``steps``)."""
-        if spec.layout == 0:
-            return StepInput(proj, t * spec.batch, (t + 1) * spec.batch, 1)
-        return StepInput(proj, t, (spec.batch - 1) * steps + t + 1, steps)
-
-    proj, first_time, steps = (None, 0, 0) if per_slice else (project(inputs[0]), 0, spec.seq_len)
+    proj, first_time = (None, 0) if per_slice else (project(inputs[0]), 0)
     h = _initial_state(emit, spec, inputs[5] if len(inputs) > 5 else None, d, "h0")
     c = _initial_state(emit, spec, inputs[6] if len(inputs) > 6 else None, d, "c0")
     outputs: list[relax.Expr | None] = [None] * spec.seq_len
@@ -222,10 +213,12 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
             stop = min(spec.seq_len, step + k)
             lo, hi = (spec.seq_len - stop, spec.seq_len - step) if spec.reversed_dirs[d] else (step, stop)
             emit.step = f"p{step}"
-            proj, first_time, steps = project(x_slices(emit, lo, hi, d)), lo, hi - lo
+            proj, first_time = project(x_slices(emit, lo, hi, d)), lo
         emit.step = step
         time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
-        h, c = CELL_STEPS[spec.op_type](emit, weights, step_input(proj, time - first_time, steps), h, c)
+        x_gates = emit(relax.op.take(proj, relax.const(time - first_time, "int64"), axis=spec.time_axis,
+                                     mode="clip"), "x")
+        h, c = CELL_STEPS[spec.op_type](emit, weights, x_gates, h, c)
         outputs[time] = h
     emit.step = "out"
     y = stack_steps(emit, outputs, spec.time_axis, "y_dir")

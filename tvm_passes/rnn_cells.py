@@ -109,39 +109,12 @@ def _gate(emit: Emitter, tensor: relax.Expr, k: int, hidden: int, what: str) -> 
     return emit(relax.op.strided_slice(tensor, axes=[1], begin=[k * hidden], end=[(k + 1) * hidden]), what)
 
 
-@dataclass(frozen=True)
-class StepInput:
-    """The projected input of one step: rows ``begin:end:stride`` of a 2-D projection ``proj`` [rows, G*H].
-
-    The projection multiplies the layer input flattened to 2-D, so a step's rows are contiguous for a time-major
-    input (layout 0: ``t*batch .. (t+1)*batch``) and strided for a batch-major one (layout 1: ``t, t+steps, ...``).
-    A step reads its gates as single-use strided slices of ``proj`` that fuse into the cell kernels that add them
-    to the recurrent product; reading the step's row with a ``take`` (opaque to FuseOps) and adding it in the
-    recurrent matmul's kernel ran one kernel more per step (an LSTM step: four instead of three)."""
-
-    proj: relax.Expr
-    begin: int
-    end: int
-    stride: int
-
-    def columns(self, emit: Emitter, start: int, stop: int, what: str) -> relax.Var:
-        return emit(relax.op.strided_slice(self.proj, axes=[0, 1], begin=[self.begin, start], end=[self.end, stop],
-                                           strides=[self.stride, 1]), what)
-
-    def gate(self, emit: Emitter, k: int, hidden: int, what: str) -> relax.Var:
-        return self.columns(emit, k * hidden, (k + 1) * hidden, what)
-
-    def row(self, emit: Emitter, what: str) -> relax.Var:
-        return self.columns(emit, 0, _columns(self.proj), what)
-
-
-def _lstm_step(emit: Emitter, w: CellWeights, x: StepInput, h: relax.Expr, c: relax.Expr):
+def _lstm_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
     """ONNX LSTM, gate order i, o, f, c; peepholes P_i, P_f see C_{t-1} and P_o sees C_t."""
     op = relax.op
-    hr = emit(op.matmul(h, w.r_t), "hr")
-    hidden = _columns(hr) // 4
-    g_i, g_o, g_f, g_c = (emit(op.add(x.gate(emit, k, hidden, f"x{name}"), _gate(emit, hr, k, hidden, f"h{name}")),
-                               name) for k, name in enumerate(("gi", "go", "gf", "gc")))
+    gates = emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "gates")
+    hidden = _columns(gates) // 4
+    g_i, g_o, g_f, g_c = (_gate(emit, gates, k, hidden, name) for k, name in enumerate(("gi", "go", "gf", "gc")))
     if w.peepholes is not None:
         p_i, p_o, p_f = w.peepholes
         g_i = emit(op.add(g_i, emit(op.multiply(p_i, c), "pi_c")), "gi_peep")
@@ -154,21 +127,22 @@ def _lstm_step(emit: Emitter, w: CellWeights, x: StepInput, h: relax.Expr, c: re
     return emit(op.multiply(o, emit(op.tanh(c_new), "tanh_c")), "h"), c_new
 
 
-def _gru_step(emit: Emitter, w: CellWeights, x: StepInput, h: relax.Expr, c: relax.Expr):
+def _gru_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
     """ONNX GRU, gate order z, r, h; H_t = (1 - z) * h~ + z * H_{t-1}, computed as h~ + z * (H_{t-1} - h~)."""
     op = relax.op
-    hidden = _columns(x.proj) // 3
-    x_z, x_r, x_h = (x.gate(emit, k, hidden, name) for k, name in enumerate(("xz", "xr", "xh")))
     if w.r_h_t is None:  # linear_before_reset=1
-        # One cell kernel reads every gate of the recurrent product, so FuseOps fuses a split into it, and a split
-        # is fewer ops than slices: with slices the 600-step GRU had 22,900 ops instead of 18,104 and compiled 8%
-        # slower.
+        # One cell kernel reads every gate, so FuseOps fuses a split into it, and a split is fewer ops than slices:
+        # with slices the 600-step GRU had 22,900 ops instead of 18,104 and compiled 8% slower.
+        x_parts = emit(op.split(x, 3, axis=1), "x_split")
+        x_z, x_r, x_h = (emit.item(x_parts, k, name) for k, name in enumerate(("xz", "xr", "xh")))
         h_proj = emit(op.matmul(h, w.r_t), "hr")
         if w.recurrent_bias is not None:
             h_proj = emit(op.add(h_proj, w.recurrent_bias), "hr_bias")
         h_parts = emit(op.split(h_proj, 3, axis=1), "h_split")
         h_z, h_r, h_h = (emit.item(h_parts, k, name) for k, name in enumerate(("hz", "hr_r", "hh")))
     else:
+        hidden = _columns(x) // 3
+        x_z, x_r, x_h = (_gate(emit, x, k, hidden, name) for k, name in enumerate(("xz", "xr", "xh")))
         hr = emit(op.matmul(h, w.r_t), "hr")
         h_z, h_r = (_gate(emit, hr, k, hidden, name) for k, name in enumerate(("hz", "hr_r")))
     z = emit(op.sigmoid(emit(op.add(x_z, h_z), "z_pre")), "z")
@@ -181,11 +155,10 @@ def _gru_step(emit: Emitter, w: CellWeights, x: StepInput, h: relax.Expr, c: rel
     return emit(op.add(cand, emit(op.multiply(z, emit(op.subtract(h, cand), "h_cand")), "z_h_cand")), "h"), c
 
 
-def _rnn_step(emit: Emitter, w: CellWeights, x: StepInput, h: relax.Expr, c: relax.Expr):
-    """ONNX RNN: H_t = tanh(x W^T + H_{t-1} R^T + Wb + Rb); the step's row is a kernel of its own (the recurrent
-    matmul's kernel, with its add and tanh, does not fuse a producer)."""
+def _rnn_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
+    """ONNX RNN: H_t = tanh(x W^T + H_{t-1} R^T + Wb + Rb)."""
     op = relax.op
-    return emit(op.tanh(emit(op.add(x.row(emit, "x"), emit(op.matmul(h, w.r_t), "hr")), "pre")), "h"), c
+    return emit(op.tanh(emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "pre")), "h"), c
 
 
 CELL_STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}
