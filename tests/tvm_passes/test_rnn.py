@@ -229,3 +229,28 @@ def test_gates_fuse_into_the_cell_kernels(op_type, lbr, kernels_per_step):
     repeating = [name for name in kernels if name not in ("fused_matmul_add", "fused_stack_expand_dims")
                  and not name.startswith(("expand_dims", "add"))]
     assert len(repeating) == pytest.approx(seq * kernels_per_step, abs=kernels_per_step), kernels
+
+
+def _distinct_kernels(model: onnx.ModelProto) -> int:
+    """Structurally distinct TIR functions after hetpart's legalization and fusion: what the build compiles."""
+    import tvm_ffi
+
+    from tvm_passes.fusion import fusion_passes
+
+    fused = tvm.transform.Sequential([relax.transform.LegalizeOps(), *fusion_passes(), relax.transform.FuseTIR()])(
+        _import(model))
+    return len({tvm_ffi.structural_hash(func) for _, func in fused.functions.items()
+                if isinstance(func, tvm.tirx.PrimFunc)})
+
+
+@pytest.mark.parametrize("op_type,lbr", [("LSTM", 0), ("GRU", 1), ("GRU", 0), ("RNN", 0)])
+def test_steps_share_their_compiled_kernels(op_type, lbr):
+    """Every step runs the same kernels, so the number of distinct functions to compile does not grow with the
+    sequence: a step-dependent constant in a kernel (a slice offset, say) would make each step's kernels distinct and
+    multiply the build time of long sequences (a 600-step GRU built in 519 s instead of 16 s that way)."""
+    # 9 and 16 steps: both stack their outputs the same way (one stack of >= 8 inputs, kept out of fusion)
+    short, _ = build_rnn_model(op_type, seq=9, batch=1, input_size=8, hidden=16, with_initial=False,
+                               linear_before_reset=lbr)
+    long, _ = build_rnn_model(op_type, seq=16, batch=1, input_size=8, hidden=16, with_initial=False,
+                              linear_before_reset=lbr)
+    assert _distinct_kernels(long) == _distinct_kernels(short)
