@@ -182,8 +182,6 @@ def _parse_spec(op_type: str, inputs, attrs: dict, params) -> _RnnSpec:
                     dtype=str(inputs[0].ty.dtype))
 
 
-
-
 def _initial_state(emit: Emitter, spec: _RnnSpec, state: relax.Expr | None, d: int, what: str) -> relax.Expr:
     if state is None:
         return relax.const(np.zeros((spec.batch, spec.hidden), dtype=spec.dtype))
