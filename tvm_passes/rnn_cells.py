@@ -83,7 +83,7 @@ def cell_weights(emit: Emitter, op_type: str, hidden: int, linear_before_reset: 
     if op_type == "GRU" and not linear_before_reset:
         # h~ = tanh(x W_h + (r * H) R_h + Wb_h + Rb_h): R_h multiplies r * H, so it is a separate matmul.
         weights = CellWeights(w_t=w_t, r_t=_slice_rows(emit, r, d, 0, 2 * hid, True, "r_zr"),
-                               r_h_t=_slice_rows(emit, r, d, 2 * hid, 3 * hid, True, "r_h"))
+                              r_h_t=_slice_rows(emit, r, d, 2 * hid, 3 * hid, True, "r_h"))
         return weights, _add(emit, w_bias, r_bias, "bias")
     r_t = _slice_rows(emit, r, d, 0, gh, True, "r")
     if op_type == "GRU":  # linear_before_reset=1: h~ = tanh(x W_h + Wb_h + r * (H R_h + Rb_h))

@@ -207,6 +207,14 @@ def test_find_unsupported_rnn_nodes_lists_every_problem():
     assert find_unsupported_rnn_nodes(clean) == []
 
 
+def _fused(model: onnx.ModelProto) -> tvm.IRModule:
+    """The imported model after LegalizeOps, hetpart's fusion passes and FuseTIR: one PrimFunc per kernel."""
+    from tvm_passes.fusion import fusion_passes
+
+    return tvm.transform.Sequential([relax.transform.LegalizeOps(), *fusion_passes(), relax.transform.FuseTIR()])(
+        _import(model))
+
+
 @pytest.mark.parametrize("op_type,lbr,kernels_per_step", [("LSTM", 0, 4), ("GRU", 0, 5), ("GRU", 1, 3), ("RNN", 0, 2)])
 def test_gates_fuse_into_the_cell_kernels(op_type, lbr, kernels_per_step):
     """No step runs a split kernel of its own: gates read by different kernels are cut by single-use slices, which
@@ -214,13 +222,10 @@ def test_gates_fuse_into_the_cell_kernels(op_type, lbr, kernels_per_step):
     gate in one cell kernel, where its split fuses. Per step: the step input's take, the recurrent matmul (GRU with
     linear_before_reset=0: two, and one slice the second matmul's epilogue cannot absorb), and the cell kernels: an
     LSTM step ran five kernels with a split."""
-    from tvm_passes.fusion import fusion_passes
-
     seq = 6
     model, _ = build_rnn_model(op_type, seq=seq, batch=1, input_size=8, hidden=16, with_initial=False,
                                linear_before_reset=lbr)
-    fused = tvm.transform.Sequential([relax.transform.LegalizeOps(), *fusion_passes(), relax.transform.FuseTIR()])(
-        _import(model))
+    fused = _fused(model)
     kernels: list[str] = []
     relax.analysis.post_order_visit(fused["main"], lambda e: kernels.append(e.args[0].name_hint) if _is_op(e) and
                                     e.op.name == "relax.call_tir" else None)
@@ -235,11 +240,7 @@ def _distinct_kernels(model: onnx.ModelProto) -> int:
     """Structurally distinct TIR functions after hetpart's legalization and fusion: what the build compiles."""
     import tvm_ffi
 
-    from tvm_passes.fusion import fusion_passes
-
-    fused = tvm.transform.Sequential([relax.transform.LegalizeOps(), *fusion_passes(), relax.transform.FuseTIR()])(
-        _import(model))
-    return len({tvm_ffi.structural_hash(func) for _, func in fused.functions.items()
+    return len({tvm_ffi.structural_hash(func) for _, func in _fused(model).functions.items()
                 if isinstance(func, tvm.tirx.PrimFunc)})
 
 
