@@ -4,7 +4,9 @@ Conventions
 -----------
 * Op ids are topological: every op's producers have smaller ids. ``nodes[i].id == i``.
 * FLOPs count a multiply-add as **2** FLOPs (``conv2d``: ``2*N*Co*Ho*Wo*(Ci/groups)*Kh*Kw``).
-* ``bytes_read`` counts every tensor operand (activations and parameters); ``bytes_written`` every output.
+* ``bytes_read`` counts every tensor operand (activations and parameters), except the data a slicing op
+  (``take``, ``strided_slice``: :data:`SLICING_OPS`) leaves unread: such an op reads at most its output's worth of
+  its first operand. ``bytes_written`` counts every output.
 * ``param_bytes`` is the size of operands that are model parameters or constants (resident on the op's device).
 * An :class:`Edge` ``src -> dst`` carries ``size_bytes``: the bytes of ``src``'s output(s) that ``dst`` reads.
 * ``dependency_matrix()[i, j] == 1`` iff op ``j`` reads an output of op ``i`` (row = producer, column = consumer).
@@ -24,11 +26,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from hetpart.errors import InvalidGraphError, SchemaError
-from hetpart.graph_elements import Edge, KernelGroup, OpNode, Shape, TensorSpec, dtype_bytes, tensor_bytes
+from hetpart.graph_elements import (SLICING_OPS, Edge, KernelGroup, OpNode, Shape, TensorSpec, dtype_bytes,
+                                    slice_read_bytes, tensor_bytes)
 
 # the graph elements moved to hetpart.graph_elements; re-exported from here
-__all__ = ["DENSE_MATRIX_MAX_OPS", "SCHEMA_VERSION", "Edge", "KernelGroup", "OpGraph", "OpNode", "Shape",
-           "TensorSpec", "check_schema_version", "dtype_bytes", "tensor_bytes"]
+__all__ = ["DENSE_MATRIX_MAX_OPS", "SCHEMA_VERSION", "SLICING_OPS", "Edge", "KernelGroup", "OpGraph", "OpNode", "Shape",
+           "TensorSpec", "check_schema_version", "dtype_bytes", "slice_read_bytes", "tensor_bytes"]
 
 SCHEMA_VERSION = 1
 DENSE_MATRIX_MAX_OPS = 4096
@@ -118,7 +121,8 @@ class OpGraph:
 
         The result has ``level="kernel"``; node ``tags["op_ids"]`` lists the member op ids, ``op`` is
         ``"fused:" + "+".join(member op names)``; FLOPs and param bytes are summed, bytes_read/written count
-        only tensors crossing the kernel boundary.
+        only tensors crossing the kernel boundary, and of a tensor that only slicing members read (a ``take`` of
+        one step's row), the bytes they read.
         """
         if self.level != "op":
             raise InvalidGraphError("kernel_graph() needs an op-level graph; this one is already kernel level")
@@ -136,24 +140,30 @@ class OpGraph:
         succ = self.successors()
         output_ops = {t.producer for t in self.outputs}
         # a tensor read by several ops of one kernel crosses the kernel boundary once
+        # (what its member ops read of it, at most the whole tensor)
         crossing: dict[tuple[int, int], dict[int, int]] = {}
+        crossing_read: dict[tuple[int, int], dict[int, int]] = {}
         for e in self.edges:
             s, d = new_id[e.src], new_id[e.dst]
             if s != d:
                 per_producer = crossing.setdefault((s, d), {})
                 per_producer[e.src] = max(per_producer.get(e.src, 0), e.size_bytes)
+                read = crossing_read.setdefault((s, d), {})
+                read[e.src] = read.get(e.src, 0) + self._read_of(e.dst, e.size_bytes)
         edge_bytes = {key: sum(v.values()) for key, v in crossing.items()}
         read_bytes: dict[int, int] = {}
         kernel_inputs: dict[int, set[int]] = {}
-        for (s, d), size_bytes in edge_bytes.items():
+        for (s, d), per_producer in crossing.items():
             if s >= d:
                 raise InvalidGraphError("fused kernels form a cycle; kernel groups must be convex")
-            read_bytes[d] = read_bytes.get(d, 0) + size_bytes
+            read = crossing_read[(s, d)]
+            read_bytes[d] = read_bytes.get(d, 0) + sum(min(size, read[p]) for p, size in per_producer.items())
             kernel_inputs.setdefault(d, set()).add(s)
         graph_input_bytes: dict[int, int] = {}
         for spec in self.inputs:
             for consumer in spec.consumers:
-                graph_input_bytes[consumer] = graph_input_bytes.get(consumer, 0) + tensor_bytes(spec.shape, spec.dtype)
+                graph_input_bytes[consumer] = graph_input_bytes.get(consumer, 0) + self._read_of(
+                    consumer, tensor_bytes(spec.shape, spec.dtype))
         out_nodes = []
         for k, ids in enumerate(clusters):
             ops = [self.nodes[i] for i in ids]
@@ -170,7 +180,7 @@ class OpGraph:
                 attrs=dict(first.attrs) if len(ops) == 1 else {"anchor_attrs": dict(
                     max(ops, key=lambda o: o.flops).attrs)},
                 flops=sum(o.flops for o in ops),
-                bytes_read=reads + sum(o.param_bytes for o in ops)
+                bytes_read=reads + sum(min(o.param_bytes, o.bytes_read) for o in ops)
                 + sum(graph_input_bytes.get(i, 0) for i in ids),
                 bytes_written=sum(o.bytes_written for o in ops
                                   if o.id in output_ops or any(c not in inside for c in succ[o.id])),
@@ -189,6 +199,11 @@ class OpGraph:
                                      None if t.producer is None else new_id[t.producer]) for t in self.outputs),
             kernel_groups=tuple(KernelGroup(k, out_nodes[k].name, (k,)) for k in range(len(out_nodes))),
             source_hash=self.source_hash, name=self.name, level="kernel")
+
+    def _read_of(self, op_id: int, operand_bytes: int) -> int:
+        """Bytes op ``op_id`` reads of one of its data operands of ``operand_bytes``."""
+        node = self.nodes[op_id]
+        return slice_read_bytes(node.op, operand_bytes, node.bytes_written)
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> "OpGraph":

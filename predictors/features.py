@@ -74,7 +74,7 @@ _KIND_RANK = {"conv2d": 6, "matmul": 5, "pool": 4, "reduction": 3, "other": 2, "
 
 FEATURE_SCHEMA: dict[str, str] = {
     "flops": "floating-point operations of the kernel (multiply-add = 2)",
-    "bytes_read": "bytes of every operand read (activations + parameters)",
+    "bytes_read": "bytes of every operand read (activations + parameters; a slice or take reads only its part)",
     "bytes_written": "bytes of every output written",
     "param_bytes": "bytes of parameter / constant operands",
     "bytes_total": "bytes_read + bytes_written",

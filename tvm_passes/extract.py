@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from hetpart.errors import InvalidGraphError
-from hetpart.graph import Edge, OpGraph, OpNode, TensorSpec, tensor_bytes
+from hetpart.graph import Edge, OpGraph, OpNode, TensorSpec, slice_read_bytes, tensor_bytes
 from tvm_passes.bindings import op_bindings
 from tvm_passes.kernel_groups import fused_kernel_groups
 
@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 # Bump whenever a change here alters the features of an unchanged model (stored kernel features are then
 # re-extracted by `hetpart profile`; timings are kept). 2: a call_tir's (activation, constant) operand tuple no
 # longer splits its bytes evenly between the two, which had counted half of each activation as a parameter.
-EXTRACTOR_VERSION = 2
+# 3: a slicing op (take, strided_slice) reads at most its output's worth of its data operand, at op and kernel level.
+EXTRACTOR_VERSION = 3
 
 _DATA_MOVEMENT = {
     "reshape", "permute_dims", "expand_dims", "squeeze", "flatten", "concat", "split", "strided_slice",
@@ -226,8 +227,10 @@ class _Extractor:
                     size = (tensor_bytes(prod.output_shapes[item], prod.output_dtypes[item])
                             if item is not None and item < len(prod.output_shapes) else prod.bytes_written)
                     producers[src[1]] = producers.get(src[1], 0) + size
-        bytes_read = sum(tensor_bytes(s, str(t.dtype)) for s, t in zip(in_shapes, in_types))
         bytes_written = sum(tensor_bytes(s, str(t.dtype)) for s, t in zip(out_shapes, out_types))
+        operand_bytes = [tensor_bytes(s, str(t.dtype)) for s, t in zip(in_shapes, in_types)]
+        bytes_read = sum(operand_bytes[1:]) + (slice_read_bytes(op, operand_bytes[0], bytes_written)
+                                               if operand_bytes else 0)
         short = op.removeprefix("relax.").removeprefix("nn.")
         self.nodes.append(OpNode(
             id=op_id, name=binding.var.name, op=op, inputs=sorted(producers),

@@ -1,6 +1,7 @@
 """hetpart.graph: validation, JSON round-trip, dependency matrix and the kernel view, incl. random DAGs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -74,6 +75,52 @@ def test_kernel_view_counts_a_shared_tensor_once():
     assert kernels.outputs[0].producer == 1 and kernels.inputs[0].consumers == (0,)
     with pytest.raises(InvalidGraphError, match="already kernel level"):
         kernels.kernel_graph()
+
+
+def slicing_graph(second_reader: str) -> OpGraph:
+    """A 1024-byte projection read by a take of one 64-byte row (its own kernel) and by a kernel of a 256-byte
+    strided_slice and ``second_reader``, which reads the projection whole unless it slices too."""
+    def op(i, op_name, inputs, written, group, read=0, params=0):
+        return OpNode(i, f"op{i}", op_name, inputs=inputs, output_shapes=[(written // 4,)],
+                      output_dtypes=["float32"], bytes_read=read, bytes_written=written, param_bytes=params,
+                      kernel_group=group, graph_inputs=["x"] if not inputs else [])
+    nodes = (op(0, "relax.matmul", [], 1024, 0, read=512 + 128, params=128),
+             op(1, "relax.take", [0], 64, 1, read=64 + 8, params=8),
+             op(2, "relax.strided_slice", [0], 256, 2, read=256),
+             op(3, second_reader, [0, 2], 256, 2, read=1024 + 256),
+             op(4, "relax.add", [1, 3], 64, 3, read=64 + 256))
+    edges = (Edge(0, 1, 1024), Edge(0, 2, 1024), Edge(0, 3, 1024), Edge(1, 4, 64), Edge(2, 3, 256), Edge(3, 4, 256))
+    return OpGraph(nodes, edges, inputs=(TensorSpec("x", (128,), "float32", consumers=(0,)),),
+                   outputs=(TensorSpec("y", (16,), "float32", producer=4),),
+                   kernel_groups=tuple(KernelGroup(g, f"k{g}", ids) for g, ids in
+                                       enumerate([(0,), (1,), (2, 3), (4,)])), name="slices").validate()
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(), st.sets(st.integers(0, 24)))
+def test_slicing_members_read_at_most_the_whole_tensors(graph, slicing):
+    """Turning ops into takes never adds bytes to a kernel, and a take's kernel reads at most what it writes of
+    each producer; the kernel edges (copies) keep the whole tensors."""
+    sliced = OpGraph(tuple(dataclasses.replace(n, op="relax.take") if n.id in slicing else n for n in graph.nodes),
+                     graph.edges, kernel_groups=graph.kernel_groups, name="random")
+    before, after = graph.kernel_graph(), sliced.kernel_graph()
+    assert after.edges == before.edges
+    for old, new in zip(before.nodes, after.nodes):
+        assert new.bytes_read <= old.bytes_read
+        if all(i in slicing for i in new.tags["op_ids"]):
+            producers = {e.src for e in graph.edges if e.dst in new.tags["op_ids"]} - set(new.tags["op_ids"])
+            assert new.bytes_read <= len(producers) * sum(graph.nodes[i].bytes_written for i in new.tags["op_ids"])
+
+
+def test_kernel_view_counts_what_slicing_members_read():
+    kernels = slicing_graph("relax.add").kernel_graph()
+    take, mixed = kernels.nodes[1], kernels.nodes[2]
+    assert take.bytes_read == 64 + 8                 # one row of the projection and its constant index
+    assert mixed.bytes_read == 1024                  # the add reads the projection whole: counted once, whole
+    assert {(e.src, e.dst): e.size_bytes for e in kernels.edges}[(0, 1)] == 1024   # a copy still moves it whole
+    sliced = slicing_graph("relax.strided_slice").kernel_graph()
+    assert sliced.nodes[2].bytes_read == 256 + 256   # two windows of it
+    assert sliced.nodes[0].bytes_read == 512 + 128   # the graph input and the weights, as before
 
 
 def _mutated(**changes) -> dict:
