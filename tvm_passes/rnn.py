@@ -189,6 +189,39 @@ def _initial_state(emit: Emitter, spec: _RnnSpec, state: relax.Expr | None, d: i
     return emit(relax.op.take(state, relax.const(d, "int64"), axis=dir_axis, mode="clip"), what)
 
 
+MAX_SPLIT_OUTPUTS = 16   # per split op, as for stacks (rnn_slices.MAX_STACK_INPUTS): kernels of few arguments
+
+
+def _step_rows(emit: Emitter, proj: relax.Expr, time_axis: int) -> list[relax.Expr]:
+    """The row of every time position of ``proj`` ([T, B, G*H] or [B, T, G*H]) as a [B, G*H] tensor.
+
+    Rows are cut with a tree of ``split`` ops of at most :data:`MAX_SPLIT_OUTPUTS` outputs each, not one ``take``
+    per step: a take is a kernel of its own (FuseOps does not fuse it into the recurrent matmul that adds the row),
+    so every step paid one more kernel launch for a few KB (480 takes in a 3-layer, 160-step LSTM); the tree makes
+    about T/15 kernels per direction. Its kernels do not depend on the step either, so steps keep sharing their
+    compiled functions. Time-major rows are consecutive blocks of B rows of ``proj`` viewed as [T*B, G*H];
+    batch-major rows are consecutive blocks of G*H columns of it viewed as [B, T*G*H]."""
+    dims = [int(d) for d in proj.ty.shape.values]
+    steps, batch, width = dims[time_axis], dims[1 - time_axis], dims[2]
+    flat_shape, axis, unit = ([steps * batch, width], 0, batch) if time_axis == 0 else ([batch, steps * width], 1,
+                                                                                        width)
+    flat = emit(relax.op.reshape(proj, flat_shape), "x_flat")
+    if steps == 1:
+        return [emit(relax.op.reshape(proj, [batch, width]), "x_row")]
+
+    def rows_of(chunk: relax.Expr, count: int) -> list[relax.Expr]:
+        span = 1
+        while span * MAX_SPLIT_OUTPUTS < count:
+            span *= MAX_SPLIT_OUTPUTS
+        sizes = [min(span, count - start) for start in range(0, count, span)]
+        parts = emit(relax.op.split(chunk, [unit * start for start in range(span, count, span)], axis=axis),
+                     "x_split")
+        items = [emit.item(parts, k, "x_row" if size == 1 else "x_part") for k, size in enumerate(sizes)]
+        return [row for item, size in zip(items, sizes) for row in ([item] if size == 1 else rows_of(item, size))]
+
+    return rows_of(flat, steps)
+
+
 def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnImportOptions,
                    x_slices: InputSlices):
     """Unroll one direction; returns (Y of this direction without the direction axis, final h, final c, the h of
@@ -202,7 +235,7 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
         proj = emit(relax.op.matmul(x, weights.w_t), "xproj")
         return proj if proj_bias is None else emit(relax.op.add(proj, proj_bias), "xproj_bias")
 
-    proj, first_time = (None, 0) if per_slice else (project(inputs[0]), 0)
+    rows, first_time = ([], 0) if per_slice else (_step_rows(emit, project(inputs[0]), spec.time_axis), 0)
     h = _initial_state(emit, spec, inputs[5] if len(inputs) > 5 else None, d, "h0")
     c = _initial_state(emit, spec, inputs[6] if len(inputs) > 6 else None, d, "c0")
     outputs: list[relax.Expr | None] = [None] * spec.seq_len
@@ -211,12 +244,10 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
             stop = min(spec.seq_len, step + k)
             lo, hi = (spec.seq_len - stop, spec.seq_len - step) if spec.reversed_dirs[d] else (step, stop)
             emit.step = f"p{step}"
-            proj, first_time = project(x_slices(emit, lo, hi, d)), lo
+            rows, first_time = _step_rows(emit, project(x_slices(emit, lo, hi, d)), spec.time_axis), lo
         emit.step = step
         time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
-        x_gates = emit(relax.op.take(proj, relax.const(time - first_time, "int64"), axis=spec.time_axis,
-                                     mode="clip"), "x")
-        h, c = CELL_STEPS[spec.op_type](emit, weights, x_gates, h, c)
+        h, c = CELL_STEPS[spec.op_type](emit, weights, rows[time - first_time], h, c)
         outputs[time] = h
     emit.step = "out"
     y = stack_steps(emit, outputs, spec.time_axis, "y_dir")

@@ -215,13 +215,14 @@ def _fused(model: onnx.ModelProto) -> tvm.IRModule:
         _import(model))
 
 
-@pytest.mark.parametrize("op_type,lbr,kernels_per_step", [("LSTM", 0, 4), ("GRU", 0, 5), ("GRU", 1, 3), ("RNN", 0, 2)])
+@pytest.mark.parametrize("op_type,lbr,kernels_per_step", [("LSTM", 0, 3), ("GRU", 0, 4), ("GRU", 1, 2), ("RNN", 0, 1)])
 def test_gates_fuse_into_the_cell_kernels(op_type, lbr, kernels_per_step):
     """No step runs a split kernel of its own: gates read by different kernels are cut by single-use slices, which
     FuseOps fuses into them (a tuple-producing split cannot fuse there); a GRU with linear_before_reset=1 reads every
-    gate in one cell kernel, where its split fuses. Per step: the step input's take, the recurrent matmul (GRU with
+    gate in one cell kernel, where its split fuses. The steps' input rows come from one split of the projection
+    (``_step_rows``), not a take per step. Per step: the recurrent matmul with the row added (GRU with
     linear_before_reset=0: two, and one slice the second matmul's epilogue cannot absorb), and the cell kernels: an
-    LSTM step ran five kernels with a split."""
+    LSTM step ran five kernels with a split and a take."""
     seq = 6
     model, _ = build_rnn_model(op_type, seq=seq, batch=1, input_size=8, hidden=16, with_initial=False,
                                linear_before_reset=lbr)
@@ -229,11 +230,41 @@ def test_gates_fuse_into_the_cell_kernels(op_type, lbr, kernels_per_step):
     kernels: list[str] = []
     relax.analysis.post_order_visit(fused["main"], lambda e: kernels.append(e.args[0].name_hint) if _is_op(e) and
                                     e.op.name == "relax.call_tir" else None)
-    assert not any(name.startswith("split") for name in kernels), kernels
+    assert not any(name.startswith(("split", "take")) for name in kernels), kernels
+    assert kernels.count("fused_reshape_split") == 1, kernels           # the six step rows, in one kernel
     # The last step also feeds the stacked outputs; the steps before it are the repeating pattern.
-    repeating = [name for name in kernels if name not in ("fused_matmul_add", "fused_stack_expand_dims")
+    repeating = [name for name in kernels if name not in ("fused_matmul_add", "fused_stack_expand_dims",
+                                                          "fused_reshape_split")
                  and not name.startswith(("expand_dims", "add"))]
     assert len(repeating) == pytest.approx(seq * kernels_per_step, abs=kernels_per_step), kernels
+
+
+@pytest.mark.parametrize("seq,time_major,batch", [(1, True, 2), (7, True, 3), (40, False, 2), (300, True, 1)])
+def test_step_rows_are_the_projection_rows(seq, time_major, batch):
+    """The split tree gives row t of the projection for every t, time- or batch-major, with at most
+    MAX_SPLIT_OUTPUTS outputs per split (300 steps: 2 levels, 1 + 2 + 19 splits)."""
+    from tvm_passes.rnn import MAX_SPLIT_OUTPUTS, _step_rows
+    from tvm_passes.rnn_cells import Emitter
+
+    shape = [seq, batch, 12] if time_major else [batch, seq, 12]
+    bb = relax.BlockBuilder()
+    proj = relax.Var("proj", relax.TensorType(shape, "float32"))
+    with bb.function("main", [proj]):
+        with bb.dataflow():
+            rows = _step_rows(Emitter(bb, 0), proj, 0 if time_major else 1)
+            out = bb.emit_output(relax.Tuple(rows))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    splits = [b.value for b in mod["main"].body.blocks[0].bindings
+              if isinstance(b.value, relax.Call) and b.value.op.name == "relax.split"]
+    assert all(len(s.ty.fields) <= MAX_SPLIT_OUTPUTS for s in splits)
+    assert len(splits) == {1: 0, 7: 1, 40: 4, 300: 22}[seq]
+    data = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    got = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(data))
+    expected = data if time_major else data.transpose(1, 0, 2)
+    assert len(got) == seq
+    for t in range(seq):
+        np.testing.assert_array_equal(got[t].numpy(), expected[t])
 
 
 def _distinct_kernels(model: onnx.ModelProto) -> int:
