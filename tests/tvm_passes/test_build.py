@@ -353,3 +353,26 @@ def test_mixed_resnet18_emulated_matches_onnxruntime(resnet18):
     session = ort.InferenceSession(str(imported.onnx_path or path))
     reference = session.run(None, {session.get_inputs()[0].name: x})[0]
     assert np.abs(y - reference).max() <= 1e-4 * max(1.0, float(np.abs(reference).max()))
+
+
+# ------------------------------------------------------------------------------------------ unrolled LSTM
+def test_unrolled_lstm_compiles_to_cuda_with_its_step_rows_on_the_gpu(nvcc_path, tmp_path):
+    """The split tree that cuts an unrolled RNN's step rows (tvm_passes.rnn._step_rows) and the cell kernels get
+    GPU schedules: the input projection and its splits on the GPU, steps alternating between the devices."""
+    import onnx
+
+    from tests.tvm_passes.rnn_models import build_rnn_model
+    from tvm_passes.frontend import import_model
+
+    model, _ = build_rnn_model("LSTM", seq=20, batch=1, input_size=8, hidden=16, with_initial=False)
+    onnx.save(model, tmp_path / "lstm.onnx")
+    imported = import_model(tmp_path / "lstm.onnx")
+    names = [b.var.name for b in op_bindings(imported.mod["main"])]
+    device_of = ["gpu" if "_in_" in n or "_split" in n or "_flat" in n or "_t" in n and int(
+        n.split("_t")[1].split("_")[0]) % 2 == 0 else "cpu" for n in names]
+    assert "gpu" in device_of and "cpu" in device_of
+    result = build(AnnotateDevicePlacement(plan_of(device_of), DEVICES)(imported.mod), DEVICES, emulate_gpu=False)
+    gpu_kernels = cuda_kernel_names(result)
+    assert any("split" in n for n in gpu_kernels) and any("sigmoid" in n for n in gpu_kernels), gpu_kernels
+    check_cuda_kernels(result)
+    assert compile_cuda_source_with_nvcc(result, "ptx").count(b".entry") >= len(gpu_kernels)
