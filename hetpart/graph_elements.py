@@ -148,8 +148,8 @@ def tensor_bytes(shape: Iterable[int], dtype: str) -> int:
 
 
 # Ops that read only part of their first operand: an index (take) or a window (strided_slice) picks what they
-# copy, so they read at most their output's worth of it (an unrolled RNN's step takes one row of a projection of all
-# steps). Counting the whole operand featured a 4 KB read as 640 KB.
+# copy, so they read at most their output's worth of it (a take of one step's row of an unrolled RNN's projection
+# of all steps reads 4 KB of 640 KB; counted whole, it was featured as reading 640 KB).
 SLICING_OPS = frozenset({"relax.take", "relax.strided_slice", "relax.dynamic_strided_slice"})
 
 

@@ -197,10 +197,11 @@ def _step_rows(emit: Emitter, proj: relax.Expr, time_axis: int) -> list[relax.Ex
 
     Rows are cut with a tree of ``split`` ops of at most :data:`MAX_SPLIT_OUTPUTS` outputs each, not one ``take``
     per step: a take is a kernel of its own (FuseOps does not fuse it into the recurrent matmul that adds the row),
-    so every step paid one more kernel launch for a few KB (480 takes in a 3-layer, 160-step LSTM); the tree makes
-    about T/15 kernels per direction. Its kernels do not depend on the step either, so steps keep sharing their
-    compiled functions. Time-major rows are consecutive blocks of B rows of ``proj`` viewed as [T*B, G*H];
-    batch-major rows are consecutive blocks of G*H columns of it viewed as [B, T*G*H]."""
+    480 of them in a 3-layer, 160-step LSTM; the tree makes about T/15 kernels per direction, so there are fewer
+    kernels to analyse, plan and build (run and compile times did not change measurably: docs/architecture.md). Its
+    kernels do not depend on the step either, so steps keep sharing their compiled functions. Time-major rows are
+    consecutive blocks of B rows of ``proj`` viewed as [T*B, G*H]; batch-major rows are consecutive blocks of G*H
+    columns of it viewed as [B, T*G*H]."""
     dims = [int(d) for d in proj.ty.shape.values]
     steps, batch, width = dims[time_axis], dims[1 - time_axis], dims[2]
     flat_shape, axis, unit = ([steps * batch, width], 0, batch) if time_axis == 0 else ([batch, steps * width], 1,

@@ -104,8 +104,8 @@ def _gate(emit: Emitter, tensor: relax.Expr, k: int, hidden: int, what: str) -> 
     Gates are cut with one slice each, not a ``split``: FuseOps cannot fuse the tuple a split returns into the
     cell when the gates go to different kernels (an LSTM's two cell kernels, a GRU's candidate behind a second
     matmul), so every step ran a split kernel of its own and allocated its G outputs; each single-use slice fuses
-    into the kernel that reads it (an LSTM step: the step input's take, the recurrent matmul and two cell kernels,
-    instead of five kernels)."""
+    into the kernel that reads it (an LSTM step: the recurrent matmul and two cell kernels, instead of a split
+    kernel more)."""
     return emit(relax.op.strided_slice(tensor, axes=[1], begin=[k * hidden], end=[(k + 1) * hidden]), what)
 
 
