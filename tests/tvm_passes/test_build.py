@@ -361,15 +361,16 @@ def test_unrolled_lstm_compiles_to_cuda_with_its_step_rows_on_the_gpu(nvcc_path,
     GPU schedules: the input projection and its splits on the GPU, steps alternating between the devices."""
     import onnx
 
+    from hetpart.partition.slices import parse_rnn_tag
     from tests.tvm_passes.rnn_models import build_rnn_model
     from tvm_passes.frontend import import_model
 
     model, _ = build_rnn_model("LSTM", seq=20, batch=1, input_size=8, hidden=16, with_initial=False)
     onnx.save(model, tmp_path / "lstm.onnx")
     imported = import_model(tmp_path / "lstm.onnx")
-    names = [b.var.name for b in op_bindings(imported.mod["main"])]
-    device_of = ["gpu" if "_in_" in n or "_split" in n or "_flat" in n or "_t" in n and int(
-        n.split("_t")[1].split("_")[0]) % 2 == 0 else "cpu" for n in names]
+    tags = [parse_rnn_tag(b.var.name) or {} for b in op_bindings(imported.mod["main"])]
+    device_of = ["gpu" if t.get("rnn_phase") == "input_projection" or t.get("rnn_phase") == "step"
+                 and t["rnn_step"] % 2 == 0 else "cpu" for t in tags]
     assert "gpu" in device_of and "cpu" in device_of
     result = build(AnnotateDevicePlacement(plan_of(device_of), DEVICES)(imported.mod), DEVICES, emulate_gpu=False)
     gpu_kernels = cuda_kernel_names(result)
