@@ -204,10 +204,12 @@ def _step_rows(emit: Emitter, proj: relax.Expr, time_axis: int) -> list[relax.Ex
     columns of it viewed as [B, T*G*H]."""
     dims = [int(d) for d in proj.ty.shape.values]
     steps, batch, width = dims[time_axis], dims[1 - time_axis], dims[2]
-    flat_shape, axis, unit = ([steps * batch, width], 0, batch) if time_axis == 0 else ([batch, steps * width], 1,
-                                                                                        width)
     if steps == 1:
         return [emit(relax.op.reshape(proj, [batch, width]), "x_row")]
+    if time_axis == 0:      # a row of each step = `unit` consecutive entries along `axis` of the flat view
+        flat_shape, axis, unit = [steps * batch, width], 0, batch
+    else:
+        flat_shape, axis, unit = [batch, steps * width], 1, width
     flat = emit(relax.op.reshape(proj, flat_shape), "x_flat")
 
     def rows_of(chunk: relax.Expr, count: int) -> list[relax.Expr]:
