@@ -1,8 +1,13 @@
 """CPU kernel benchmark: onnxruntime vs TVM's default pipeline vs hetpart's CPU rules (vs rules + tuning).
 
-Metric: batch-1 inference latency per zoo model, all variants timed *interleaved* in one process (round
-robin, median over rounds) with the same thread count (2) for onnxruntime and TVM, reported as ratios to
-onnxruntime; numerics of every TVM variant against onnxruntime (max abs and max relative difference).
+Metric: batch-1 inference latency per zoo model with the same thread count (2) for onnxruntime and TVM, reported as
+ratios to onnxruntime; numerics of every TVM variant against onnxruntime (max abs and max relative difference). All
+variants are timed in one process, in blocks: every round runs, for each variant in turn (order rotated every
+round), one untimed call and then a few calls back to back, and keeps the block's median; a variant's time is the
+median over rounds. onnxruntime runs twice per round, with its worker threads spinning (its default) and without;
+its time is the better of the two. Short blocks spread every variant over the same spells of this host (its
+memory-bound slow spells last seconds and move whole models by up to 1.7x, benchmarks/results/host_spells*.md),
+which timing one variant after the others did not.
 Goals: rules <= 3x onnxruntime on ResNet-18/50 and MobileNetV2, >= 20x faster than TVM's default
 pipeline on every zoo CNN; rules + bounded tuning <= 1.5x onnxruntime on ResNet-18.
 
@@ -14,7 +19,8 @@ Writes benchmarks/results/cpu_kernels.json and .md.  ``--conv-shapes`` times sin
 instead (conv1d-like (k,1) convs, large maps with few channels, YOLO-like and depthwise convs: ``CONV_SHAPES``)
 and writes benchmarks/results/cpu_kernels_conv_shapes.{json,md};
 ``--compare-without RULE`` also times every model compiled without the named CPU rules (before/after in one
-run). The single-convolution half lives in ``cpu_conv_shapes.py``.  The machine is shared, so absolute times drift between runs; the ratios within one run are the result.
+run). The single-convolution half lives in ``cpu_conv_shapes.py``.  The machine is shared, so absolute times drift
+between runs; the ratios within one run are the result.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ MODELS = ["resnet18", "resnet50", "mobilenetv2", "vgg16", "lstm_lm", "gru_lm", "
 CNNS = {"resnet18", "resnet50", "mobilenetv2", "vgg16"}
 THREADS = int(os.environ["TVM_NUM_THREADS"])
 RESULTS = Path(__file__).resolve().parent / "results"
+# Before each timed block: after a run, TVM's pool worker keeps a core busy for ~0.2 s (300,000 yields) and
+# onnxruntime's spinning threads for ~0.04 s (SqueezeNet, measured on the Zen 4 host).
+PAUSE_S = 0.3
 
 
 def _inputs(path: Path, name: str) -> dict[str, np.ndarray]:
@@ -127,13 +136,37 @@ def _interleaved_times(runners: dict, rounds: int, max_rounds: dict[str, int] | 
     return times
 
 
+def _block_times(runners: dict, rounds: int, calls: int, max_rounds: dict[str, int] | None = None,
+                 pause_s: float | None = None) -> dict[str, list[float]]:
+    """Per-call seconds of every runner, one sample per round: the median of ``calls`` back-to-back calls after one
+    untimed call, the runners taken in turn (order rotated every round; ``max_rounds`` caps some).
+
+    The pause before each block lets the worker threads of the previous runner go idle: onnxruntime's (spinning
+    on) and TVM's pool (300,000 yields by default) keep spinning after a run and take the cores from the next one.
+    With a 20 ms pause onnxruntime with spinning timed 4.0-4.4 ms or 8.8-16 ms per call of SqueezeNet from one
+    round to the next; with 300 ms, 4.1-4.4 ms in every round."""
+    pause_s = PAUSE_S if pause_s is None else pause_s
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    order = list(runners)
+    for round_index in range(rounds):
+        shift = round_index % len(order)
+        for name in order[shift:] + order[:shift]:
+            if len(times[name]) >= (max_rounds or {}).get(name, rounds):
+                continue
+            time.sleep(pause_s)
+            runners[name]()
+            times[name].append(statistics.median(_time_once(runners[name]) for _ in range(calls)))
+    return times
+
+
 def _pipeline_without(target, rule_names: list[str]):
     """hetpart's CPU pipeline with the named rules taken out of the rule list (the "before" of a rule change)."""
     from tvm_passes.schedules import pipeline as cpu_pipelines
 
     rules = [rule for rule in cpu_pipelines.default_rules() if rule.name not in set(rule_names)]
+    generic = cpu_pipelines.cpu_generic
     passes = (cpu_pipelines.tuning_db.kernel_lowering_passes(target) + [cpu_pipelines.cpu_schedule_pass(target, rules)]
-              + cpu_pipelines.cpu_generic.dataflow_lower_passes(target) + cpu_pipelines.cpu_generic.finalize_passes(target))
+              + generic.dataflow_lower_passes(target) + generic.finalize_passes(target))
 
     @tvm.transform.module_pass(opt_level=0, name="HetpartCpuPipelineWithout")
     def _pipeline(mod, _ctx):
@@ -207,19 +240,20 @@ def bench_model(name: str, args) -> dict:
         row[f"{variant.name}_max_rel_diff"] = diff / scale
         row[f"{variant.name}_compile_s"] = variant.compile_s
 
-    runners = {"onnxruntime": lambda: session.run(None, feeds)}
-    runners.update({vname: variant.run for vname, variant in variants.items()})
-    times = _interleaved_times(runners, args.rounds, max_rounds={"tvm_default": args.default_rounds})
     spinning = _ort_session(onnx_path, spinning=True)
-    spinning.run(None, feeds)
-    spin_ms = statistics.median(_time_once(lambda: spinning.run(None, feeds)) for _ in range(args.rounds)) * 1e3
-    spinning = None              # release the session and its spinning threads before the next timing
-    row["onnxruntime_interleaved_ms"] = statistics.median(times["onnxruntime"]) * 1e3
-    row["onnxruntime_spinning_alone_ms"] = spin_ms
-    ort_ms = min(row["onnxruntime_interleaved_ms"], spin_ms)  # ratios against onnxruntime's better setting
+    runners = {"onnxruntime": lambda: session.run(None, feeds),
+               "onnxruntime_spinning": lambda: spinning.run(None, feeds)}
+    runners.update({vname: variant.run for vname, variant in variants.items()})
+    times = _block_times(runners, args.rounds, args.calls_per_block,
+                         max_rounds={"tvm_default": args.default_rounds})
+    spinning = None              # release the session and its spinning threads before the next model
+    row["samples_ms"] = {vname: [round(t * 1e3, 4) for t in samples] for vname, samples in times.items()}
+    row["onnxruntime_not_spinning_ms"] = statistics.median(times["onnxruntime"]) * 1e3
+    row["onnxruntime_spinning_ms"] = statistics.median(times["onnxruntime_spinning"]) * 1e3
+    ort_ms = min(row["onnxruntime_not_spinning_ms"], row["onnxruntime_spinning_ms"])  # its better setting
     row["onnxruntime_ms"] = ort_ms
     for vname, samples in times.items():
-        if vname == "onnxruntime":
+        if vname.startswith("onnxruntime"):
             continue
         row[f"{vname}_ms"] = statistics.median(samples) * 1e3
         row[f"{vname}_ratio_to_ort"] = row[f"{vname}_ms"] / ort_ms
@@ -236,17 +270,54 @@ def bench_model(name: str, args) -> dict:
     return row
 
 
+def _protocol(meta: dict) -> str:
+    """How the rows were timed (results written before timing in blocks say so)."""
+    if "calls_per_block" not in meta:
+        return (f"Variants interleaved round-robin in one process, one call each per round (order rotated every "
+                f"round, onnxruntime thread spinning off); median of {meta['rounds']} rounds (TVM default: "
+                f"{meta['default_rounds']}). ORT ms is the better of onnxruntime interleaved (spinning off) and "
+                "onnxruntime alone with its default spinning, timed after the others (JSON has both).")
+    return (f"Variants timed in blocks in one process: every round, each variant in turn (order rotated every round) "
+            f"waits {meta.get('pause_s', 0.3):g} s (the previous variant's worker threads stop spinning), makes one "
+            f"untimed call, then {meta['calls_per_block']} back to back, and keeps their median; median of "
+            f"{meta['rounds']} rounds (TVM default: {meta['default_rounds']}). onnxruntime runs twice per round, "
+            "its worker threads spinning (its default) and not; ORT ms is the better of the two (JSON has both).")
+
+
+def _fastest_round_ratio(row: dict) -> float | None:
+    """rules / onnxruntime from each side's fastest round (the block least disturbed by the host), or None."""
+    samples = row.get("samples_ms")
+    if not samples or "rules" not in samples:
+        return None
+    ort = min(min(samples[name]) for name in ("onnxruntime", "onnxruntime_spinning") if name in samples)
+    return min(samples["rules"]) / ort
+
+
+def _summary_lines(rows: list[dict]) -> list[str]:
+    """Median and worst rules / onnxruntime over the models, by the median of rounds and by the fastest round."""
+    timed = [r for r in rows if "rules_ratio_to_ort" in r]
+    if not timed:
+        return []
+    by_median = sorted((r["rules_ratio_to_ort"], r["model"]) for r in timed)
+    lines = ["", f"rules / ORT over {len(timed)} models, median of rounds: median "
+             f"{statistics.median(x for x, _ in by_median):.2f}x, worst {by_median[-1][0]:.2f}x ({by_median[-1][1]})."]
+    fastest = sorted((x, r["model"]) for r in timed if (x := _fastest_round_ratio(r)) is not None)
+    if len(fastest) == len(timed):
+        lines[-1] += (f" Fastest round of each side (the block least disturbed by the host's spells): median "
+                      f"{statistics.median(x for x, _ in fastest):.2f}x, worst {fastest[-1][0]:.2f}x "
+                      f"({fastest[-1][1]}); per model: " + ", ".join(f"{m} {x:.2f}" for x, m in
+                                                                     sorted(fastest, key=lambda t: t[1])) + ".")
+    return lines
+
+
 def _markdown(rows: list[dict], meta: dict) -> str:
     lines = [
         "# CPU kernels: hetpart rules vs onnxruntime vs TVM default (batch 1)",
         "",
         f"Measured {meta['date']} on {meta['cpu']} ({meta['threads']} threads for onnxruntime and TVM), target "
-        f"`{meta['target']}`. Variants interleaved round-robin in one process (order rotated every round, "
-        f"onnxruntime thread spinning off; load average at the start {meta.get('load_average', 'not recorded')}); "
-        f"median of {meta['rounds']} "
-        f"rounds (TVM default: {meta['default_rounds']}). The machine was shared with other jobs, so absolute "
-        "times are noisy; compare ratios within a row. ORT ms is the better of onnxruntime interleaved "
-        "(spinning off) and onnxruntime alone with its default spinning (JSON has both).",
+        f"`{meta['target']}`, load average at the start {meta.get('load_average', 'not recorded')}. "
+        + _protocol(meta) +
+        " The machine was shared with other jobs, so absolute times are noisy; compare ratios within a row.",
         "",
     ]
     if "command" in meta:
@@ -271,6 +342,7 @@ def _markdown(rows: list[dict], meta: dict) -> str:
             f"{fmt(row.get('rules_tuned_ratio_to_ort'), '.2f')} | {fmt(row['rules_max_abs_diff'], '.1e')} | "
             f"{fmt(row['rules_max_rel_diff'], '.1e')} |"
         )
+    lines += _summary_lines(rows)
     extra = [r for r in rows if "rules_generic_llvm_ms" in r]
     if extra:
         row = extra[0]
@@ -296,7 +368,8 @@ def _markdown(rows: list[dict], meta: dict) -> str:
     if banded:
         lines += ["", "Row bands for batch-1 convs (rules v10, `tile_plan.conv_row_bands`; same rounds, the other "
                   "side compiled with no conv banded):", "",
-                  "| model | bands ms | no bands ms | bands / no bands | max abs diff (no bands) |", "|---|---|---|---|---|"]
+                  "| model | bands ms | no bands ms | bands / no bands | max abs diff (no bands) |",
+                  "|---|---|---|---|---|"]
         for row in banded:
             lines.append(f"| {row['model']} | {row['rules_ms']:.2f} | {row['rules_no_bands_ms']:.2f} | "
                          f"{1 / row['speedup_row_bands']:.3f}x | {row['rules_no_bands_max_abs_diff']:.1e} |")
@@ -318,6 +391,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=MODELS)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--default-rounds", type=int, default=2, help="rounds for the (slow) TVM default")
+    parser.add_argument("--calls-per-block", type=int, default=5,
+                        help="timed back-to-back calls per variant and round (their median is the round's sample)")
     parser.add_argument("--skip-default", action="store_true")
     parser.add_argument("--tune-models", nargs="*", default=["resnet18"])
     parser.add_argument("--tune-minutes", type=float, default=10.0)
@@ -355,6 +430,8 @@ def main() -> None:
         "target": str(target),
         "rounds": args.rounds,
         "default_rounds": args.default_rounds,
+        "calls_per_block": args.calls_per_block,
+        "pause_s": PAUSE_S,
         "tune_minutes": args.tune_minutes,
         "tune_trials": args.tune_trials,
         "compare_without": args.compare_without,
