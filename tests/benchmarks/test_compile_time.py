@@ -1,4 +1,5 @@
-"""benchmarks/compile_time.py: the table's medians per tree, the goal judged only for unrolled RNNs, checkouts checked."""
+"""benchmarks/compile_time.py: the table's medians per tree, the goal judged only for unrolled RNNs, checkouts
+checked."""
 from __future__ import annotations
 
 import pytest
