@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 import tvm
 
-from cpu_kernels import (RESULTS, TvmVariant, _interleaved_times, _ort_session, _pipeline_without,
+from cpu_kernels import (RESULTS, TvmVariant, _block_times, _ort_session, _pipeline_without,
                          _time_once)
 from tvm_passes.frontend import import_model
 from tvm_passes.schedules import cpu_pipeline, default_cpu_target
@@ -135,17 +135,24 @@ def bench_conv_shape(shape: ConvShape, args, work_dir: Path) -> dict:
         diff = float(np.max(np.abs(variant.run().astype(np.float64) - reference)))
         row[f"{variant.name}_max_abs_diff"] = diff
         row[f"{variant.name}_max_rel_diff"] = diff / (float(np.max(np.abs(reference))) or 1.0)
-    runners = {"onnxruntime": lambda: session.run(None, feeds)}
+    spinning = _ort_session(path, spinning=True)
+    runners = {"onnxruntime": lambda: session.run(None, feeds),
+               "onnxruntime_spinning": lambda: spinning.run(None, feeds)}
     runners.update({name: variant.run for name, variant in variants.items()})
     warm_s = min(_time_once(run) for run in runners.values() for _ in range(2))
     reps = max(1, min(200, int(args.min_sample_ms * 1e-3 / max(warm_s, 1e-6))))
-    times = _interleaved_times(runners, args.rounds, reps=reps)
+    times = _block_times(runners, args.rounds, args.calls_per_block, reps=reps)
+    spinning = None              # release the session and its spinning threads before the next shape
     row["reps_per_sample"] = reps
+    row["samples_ms"] = {name: [round(t * 1e3, 5) for t in samples] for name, samples in times.items()}
     for name, samples in times.items():
         row[f"{name}_ms"] = statistics.median(samples) * 1e3
+    row["onnxruntime_not_spinning_ms"] = row.pop("onnxruntime_ms")
+    row["onnxruntime_ms"] = min(row["onnxruntime_not_spinning_ms"], row["onnxruntime_spinning_ms"])
     for name in variants:
         row[f"{name}_ratio_to_ort"] = row[f"{name}_ms"] / row["onnxruntime_ms"]
-    log.info("%s: %s", shape.name, {k: round(v, 3) for k, v in row.items() if k.endswith(("_ms", "_ort"))})
+    log.info("%s: %s", shape.name, {k: round(v, 3) for k, v in row.items()
+                                    if k.endswith(("_ms", "_ort")) and isinstance(v, float)})
     return row
 
 
@@ -163,17 +170,27 @@ def _rules_applied(mod, target) -> str:
     return ", ".join(f"{name} x{count}" if count > 1 else name for name, count in sorted(counts.items()))
 
 
+def _conv_protocol(meta: dict) -> str:
+    """How the shapes were timed (results written before timing in blocks say so)."""
+    if "calls_per_block" not in meta:
+        return (f"Variants interleaved round-robin in one process (order rotated every round, onnxruntime thread "
+                f"spinning off); median of {meta['rounds']} rounds, each sample the mean of back-to-back calls (reps).")
+    return (f"Variants timed in blocks in one process: every round, each variant in turn (order rotated every round) "
+            f"waits {meta.get('pause_s', 0.3):g} s (the previous variant's worker threads stop spinning), makes one "
+            f"untimed call, then {meta['calls_per_block']} samples, each the mean of back-to-back calls (reps), and "
+            f"keeps their median; median of {meta['rounds']} rounds. onnxruntime runs twice per round, its worker "
+            "threads spinning (its default) and not; ORT ms is the better of the two (JSON has both).")
+
+
 def conv_markdown(rows: list[dict], meta: dict) -> str:
     before = any("rules_before_ms" in row for row in rows)
     lines = [
         "# CPU kernels: single convolutions, hetpart rules vs onnxruntime (batch 1)",
         "",
         f"Measured {meta['date']} on {meta['cpu']} ({meta['threads']} threads for onnxruntime and TVM), target "
-        f"`{meta['target']}`, load average at the start {meta['load_average']}. Variants interleaved round-robin "
-        f"in one process (order rotated every round, onnxruntime thread spinning off); median of {meta['rounds']} "
-        "rounds, each sample the mean of back-to-back calls (reps). The machine was shared with other jobs; compare "
-        "ratios within a row." + (f" *before*: the same pipeline without the rules {meta['compare_without']}."
-                                  if before else ""),
+        f"`{meta['target']}`, load average at the start {meta['load_average']}. " + _conv_protocol(meta)
+        + " The machine was shared with other jobs; compare ratios within a row."
+        + (f" *before*: the same pipeline without the rules {meta['compare_without']}." if before else ""),
         "",
         f"    {meta['command']}",
         "",

@@ -120,26 +120,11 @@ def _time_once(fn, reps: int = 1) -> float:
     return (time.perf_counter() - began) / reps
 
 
-def _interleaved_times(runners: dict, rounds: int, max_rounds: dict[str, int] | None = None,
-                       reps: int = 1) -> dict[str, list[float]]:
-    """Per-call seconds of every runner, timed round robin: ``rounds`` samples each (``max_rounds`` caps some).
-
-    The order rotates every round so no variant always follows the same one (thread pools of onnxruntime and TVM
-    may still be winding down when the next variant starts)."""
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    order = list(runners)
-    for round_index in range(rounds):
-        shift = round_index % len(order)
-        for name in order[shift:] + order[:shift]:
-            if len(times[name]) < (max_rounds or {}).get(name, rounds):
-                times[name].append(_time_once(runners[name], reps))
-    return times
-
-
 def _block_times(runners: dict, rounds: int, calls: int, max_rounds: dict[str, int] | None = None,
-                 pause_s: float | None = None) -> dict[str, list[float]]:
-    """Per-call seconds of every runner, one sample per round: the median of ``calls`` back-to-back calls after one
-    untimed call, the runners taken in turn (order rotated every round; ``max_rounds`` caps some).
+                 pause_s: float | None = None, reps: int = 1) -> dict[str, list[float]]:
+    """Per-call seconds of every runner, one sample per round: the median of ``calls`` timings after one untimed
+    call, each timing the mean of ``reps`` back-to-back calls, the runners taken in turn (order rotated every round;
+    ``max_rounds`` caps some).
 
     The pause before each block lets the worker threads of the previous runner go idle: onnxruntime's (spinning
     on) and TVM's pool (300,000 yields by default) keep spinning after a run and take the cores from the next one.
@@ -155,7 +140,7 @@ def _block_times(runners: dict, rounds: int, calls: int, max_rounds: dict[str, i
                 continue
             time.sleep(pause_s)
             runners[name]()
-            times[name].append(statistics.median(_time_once(runners[name]) for _ in range(calls)))
+            times[name].append(statistics.median(_time_once(runners[name], reps) for _ in range(calls)))
     return times
 
 
@@ -266,7 +251,8 @@ def bench_model(name: str, args) -> dict:
         row["speedup_row_bands"] = row["rules_no_bands_ms"] / row["rules_ms"]
     if "rules_unpadded_ms" in row:
         row["speedup_padded_columns"] = row["rules_unpadded_ms"] / row["rules_ms"]
-    log.info("%s: %s", name, {k: v for k, v in row.items() if k.endswith(("_ms", "_ratio_to_ort"))})
+    log.info("%s: %s", name, {k: round(v, 3) for k, v in row.items()
+                              if k.endswith(("_ms", "_ratio_to_ort")) and isinstance(v, float)})
     return row
 
 

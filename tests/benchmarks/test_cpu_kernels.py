@@ -65,3 +65,26 @@ def test_summary_by_median_and_by_fastest_round(cpu_kernels):
     assert "median of rounds: median 1.10x, worst 2.50x (b)" in line
     assert "Fastest round of each side" in line and "median 1.20x, worst 1.50x (a)" in line
     assert cpu_kernels._summary_lines([{"model": "x", "skipped": "import failed"}]) == []
+
+
+def test_each_timing_of_a_block_may_average_back_to_back_calls(cpu_kernels, monkeypatch):
+    seen_reps = []
+    monkeypatch.setattr(cpu_kernels, "_time_once", lambda fn, reps=1: (seen_reps.append(reps), 1.0)[1])
+    monkeypatch.setattr(cpu_kernels.time, "sleep", lambda s: None)
+    cpu_kernels._block_times({"a": lambda: None}, rounds=2, calls=3, pause_s=0.0, reps=7)
+    assert seen_reps == [7] * 6
+
+
+def test_the_convolution_table_states_how_it_was_timed(monkeypatch):
+    from tests.scripts import BENCHMARKS
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    conv_shapes = load_benchmark("cpu_conv_shapes")
+    meta = {"date": "now", "cpu": "x86_64", "threads": 2, "target": "llvm", "load_average": "0", "rounds": 11,
+            "command": "cmd"}
+    row = {"shape": "s", "conv": "1->2", "gflop": 0.1, "onnxruntime_ms": 2.0, "rules_ms": 3.0,
+           "rules_ratio_to_ort": 1.5, "rules_max_rel_diff": 1e-7, "rules_applied": "conv2d_flat"}
+    assert "onnxruntime thread spinning off" in conv_shapes.conv_markdown([row], meta)
+    text = conv_shapes.conv_markdown([row], {**meta, "calls_per_block": 5, "pause_s": 0.3})
+    assert "waits 0.3 s" in text and "then 5 samples" in text and "better of the two" in text
+    assert "| s | 1->2 | 0.100 | 2.000 | 3.000 | 1.50 |" in text

@@ -23,7 +23,10 @@ block, vectorised over the channels (stores to the NCHW output one lane at a tim
 
 Measured against the conv rule alone (2 threads, AVX2, one interleaved run each; benchmarks/results/
 cpu_kernels_conv_shapes.md and cpu_kernels_conv_models.md): a 256->512 (5,1) conv on 512x1 4.90x -> 0.54x
-onnxruntime's time, 32->32 3x3 at 900x161 1.62x -> 1.15x, ResNet-18 1.75x -> 1.00x.
+onnxruntime's time, 32->32 3x3 at 900x161 1.62x -> 1.15x, ResNet-18 1.75x -> 1.00x. Those runs timed onnxruntime
+without its spinning threads right after TVM's pool, whose worker spins on a core for ~0.2 s after a run, which
+slowed onnxruntime; timed in blocks on Zen 4 (benchmarks/results/cpu_kernels_conv_shapes_znver4_blocks.md) the same
+convs take 0.81x and 1.33x onnxruntime's time.
 """
 
 from __future__ import annotations
