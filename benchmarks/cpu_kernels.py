@@ -123,8 +123,9 @@ def _time_once(fn, reps: int = 1) -> float:
 def _block_times(runners: dict, rounds: int, calls: int, max_rounds: dict[str, int] | None = None,
                  pause_s: float | None = None, reps: int = 1) -> dict[str, list[float]]:
     """Per-call seconds of every runner, one sample per round: the median of ``calls`` timings after one untimed
-    call, each timing the mean of ``reps`` back-to-back calls, the runners taken in turn (order rotated every round;
-    ``max_rounds`` caps some).
+    call, each timing the mean of ``reps`` back-to-back calls, the runners taken in turn (order rotated every round).
+    ``max_rounds`` caps the rounds of slow runners (TVM's default pipeline, seconds a call), which also time one
+    call per block.
 
     The pause before each block lets the worker threads of the previous runner go idle: onnxruntime's (spinning
     on) and TVM's pool (300,000 yields by default) keep spinning after a run and take the cores from the next one.
@@ -140,7 +141,8 @@ def _block_times(runners: dict, rounds: int, calls: int, max_rounds: dict[str, i
                 continue
             time.sleep(pause_s)
             runners[name]()
-            times[name].append(statistics.median(_time_once(runners[name], reps) for _ in range(calls)))
+            block_calls = 1 if name in (max_rounds or {}) else calls
+            times[name].append(statistics.median(_time_once(runners[name], reps) for _ in range(block_calls)))
     return times
 
 
@@ -266,7 +268,8 @@ def _protocol(meta: dict) -> str:
     return (f"Variants timed in blocks in one process: every round, each variant in turn (order rotated every round) "
             f"waits {meta.get('pause_s', 0.3):g} s (the previous variant's worker threads stop spinning), makes one "
             f"untimed call, then {meta['calls_per_block']} back to back, and keeps their median; median of "
-            f"{meta['rounds']} rounds (TVM default: {meta['default_rounds']}). onnxruntime runs twice per round, "
+            f"{meta['rounds']} rounds (TVM default: {meta['default_rounds']}, one call per block). onnxruntime runs "
+            "twice per round, "
             "its worker threads spinning (its default) and not; ORT ms is the better of the two (JSON has both).")
 
 
