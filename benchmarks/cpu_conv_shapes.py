@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 import tvm
 
-from cpu_kernels import (RESULTS, TvmVariant, _block_times, _ort_session, _pipeline_without,
-                         _time_once)
+from cpu_kernels import (RESULTS, TvmVariant, _block_protocol, _block_times, _ort_session, _pipeline_without,
+                         _record_times, _time_once)
 from tvm_passes.frontend import import_model
 from tvm_passes.schedules import cpu_pipeline, default_cpu_target
 
@@ -144,13 +144,7 @@ def bench_conv_shape(shape: ConvShape, args, work_dir: Path) -> dict:
     times = _block_times(runners, args.rounds, args.calls_per_block, reps=reps)
     spinning = None              # release the session and its spinning threads before the next shape
     row["reps_per_sample"] = reps
-    row["samples_ms"] = {name: [round(t * 1e3, 5) for t in samples] for name, samples in times.items()}
-    for name, samples in times.items():
-        row[f"{name}_ms"] = statistics.median(samples) * 1e3
-    row["onnxruntime_not_spinning_ms"] = row.pop("onnxruntime_ms")
-    row["onnxruntime_ms"] = min(row["onnxruntime_not_spinning_ms"], row["onnxruntime_spinning_ms"])
-    for name in variants:
-        row[f"{name}_ratio_to_ort"] = row[f"{name}_ms"] / row["onnxruntime_ms"]
+    _record_times(row, times)
     log.info("%s: %s", shape.name, {k: round(v, 3) for k, v in row.items()
                                     if k.endswith(("_ms", "_ort")) and isinstance(v, float)})
     return row
@@ -175,11 +169,7 @@ def _conv_protocol(meta: dict) -> str:
     if "calls_per_block" not in meta:
         return (f"Variants interleaved round-robin in one process (order rotated every round, onnxruntime thread "
                 f"spinning off); median of {meta['rounds']} rounds, each sample the mean of back-to-back calls (reps).")
-    return (f"Variants timed in blocks in one process: every round, each variant in turn (order rotated every round) "
-            f"waits {meta.get('pause_s', 0.3):g} s (the previous variant's worker threads stop spinning), makes one "
-            f"untimed call, then {meta['calls_per_block']} samples, each the mean of back-to-back calls (reps), and "
-            f"keeps their median; median of {meta['rounds']} rounds. onnxruntime runs twice per round, its worker "
-            "threads spinning (its default) and not; ORT ms is the better of the two (JSON has both).")
+    return _block_protocol(meta, "samples, each the mean of back-to-back calls (reps)")
 
 
 def conv_markdown(rows: list[dict], meta: dict) -> str:

@@ -146,6 +146,29 @@ def _block_times(runners: dict, rounds: int, calls: int, max_rounds: dict[str, i
     return times
 
 
+def _record_times(row: dict, times: dict[str, list[float]]) -> None:
+    """Put :func:`_block_times`' samples into ``row``: every sample, onnxruntime's two settings and the better one
+    (``onnxruntime_ms``), and per TVM variant its median, ratio to onnxruntime and rounds."""
+    row["samples_ms"] = {name: [round(t * 1e3, 5) for t in samples] for name, samples in times.items()}
+    row["onnxruntime_not_spinning_ms"] = statistics.median(times["onnxruntime"]) * 1e3
+    row["onnxruntime_spinning_ms"] = statistics.median(times["onnxruntime_spinning"]) * 1e3
+    row["onnxruntime_ms"] = min(row["onnxruntime_not_spinning_ms"], row["onnxruntime_spinning_ms"])
+    for name, samples in times.items():
+        if not name.startswith("onnxruntime"):
+            row[f"{name}_ms"] = statistics.median(samples) * 1e3
+            row[f"{name}_ratio_to_ort"] = row[f"{name}_ms"] / row["onnxruntime_ms"]
+            row[f"{name}_rounds"] = len(samples)
+
+
+def _block_protocol(meta: dict, sample: str) -> str:
+    """The block protocol in words; ``sample``: what one timed sample of a block is."""
+    return (f"Variants timed in blocks in one process: every round, each variant in turn (order rotated every round) "
+            f"waits {meta.get('pause_s', 0.3):g} s (the previous variant's worker threads stop spinning), makes one "
+            f"untimed call, then {meta['calls_per_block']} {sample}, and keeps their median; median of "
+            f"{meta['rounds']} rounds. onnxruntime runs twice per round, its worker threads spinning (its default) "
+            "and not; ORT ms is the better of the two (JSON has both).")
+
+
 def _pipeline_without(target, rule_names: list[str]):
     """hetpart's CPU pipeline with the named rules taken out of the rule list (the "before" of a rule change)."""
     from tvm_passes.schedules import pipeline as cpu_pipelines
@@ -234,17 +257,7 @@ def bench_model(name: str, args) -> dict:
     times = _block_times(runners, args.rounds, args.calls_per_block,
                          max_rounds={"tvm_default": args.default_rounds})
     spinning = None              # release the session and its spinning threads before the next model
-    row["samples_ms"] = {vname: [round(t * 1e3, 4) for t in samples] for vname, samples in times.items()}
-    row["onnxruntime_not_spinning_ms"] = statistics.median(times["onnxruntime"]) * 1e3
-    row["onnxruntime_spinning_ms"] = statistics.median(times["onnxruntime_spinning"]) * 1e3
-    ort_ms = min(row["onnxruntime_not_spinning_ms"], row["onnxruntime_spinning_ms"])  # its better setting
-    row["onnxruntime_ms"] = ort_ms
-    for vname, samples in times.items():
-        if vname.startswith("onnxruntime"):
-            continue
-        row[f"{vname}_ms"] = statistics.median(samples) * 1e3
-        row[f"{vname}_ratio_to_ort"] = row[f"{vname}_ms"] / ort_ms
-        row[f"{vname}_rounds"] = len(samples)
+    _record_times(row, times)
     if "tvm_default_ms" in row:
         row["speedup_rules_vs_default"] = row["tvm_default_ms"] / row["rules_ms"]
     if "rules_before_ms" in row:
@@ -265,12 +278,8 @@ def _protocol(meta: dict) -> str:
                 f"round, onnxruntime thread spinning off); median of {meta['rounds']} rounds (TVM default: "
                 f"{meta['default_rounds']}). ORT ms is the better of onnxruntime interleaved (spinning off) and "
                 "onnxruntime alone with its default spinning, timed after the others (JSON has both).")
-    return (f"Variants timed in blocks in one process: every round, each variant in turn (order rotated every round) "
-            f"waits {meta.get('pause_s', 0.3):g} s (the previous variant's worker threads stop spinning), makes one "
-            f"untimed call, then {meta['calls_per_block']} back to back, and keeps their median; median of "
-            f"{meta['rounds']} rounds (TVM default: {meta['default_rounds']}, one call per block). onnxruntime runs "
-            "twice per round, "
-            "its worker threads spinning (its default) and not; ORT ms is the better of the two (JSON has both).")
+    return (_block_protocol(meta, "back to back")
+            + f" TVM's default pipeline: {meta['default_rounds']} rounds, one call per block.")
 
 
 def _fastest_round_ratio(row: dict) -> float | None:
