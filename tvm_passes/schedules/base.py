@@ -3,7 +3,8 @@
 A rule is an object with ``apply(func, target) -> tvm.s_tir.Schedule | None``: it inspects one PrimFunc
 and either returns a schedule for it or ``None`` when the PrimFunc is not its kind of kernel.  Rules never
 raise for kernels they do not understand; :func:`apply_first_rule` additionally catches schedule errors so a
-rule bug degrades to "unscheduled" (with a warning) instead of breaking the build.
+rule bug degrades to "unscheduled" (with a warning) instead of breaking the build, and refuses a schedule whose
+parallel loop has iterations reading each other's output (:mod:`.race_check`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ..tile_plan import vector_lanes_for
+from .race_check import parallel_write_conflicts
 
 logger = logging.getLogger(__name__)
 
@@ -221,5 +223,10 @@ def apply_first_rule(func: tirx.PrimFunc, target: Target, rules: list[CpuRule]) 
         if sch is None:
             continue
         scheduled = sch.mod["main"]
+        conflicts = parallel_write_conflicts(scheduled)
+        if conflicts:
+            logger.warning("CPU rule %s made a parallel loop whose iterations read each other's output (%s); trying the "
+                           "next rule", rule.name, "; ".join(conflicts[:3]))
+            continue
         return scheduled.with_attr(SCHEDULED_ATTR, True).with_attr(RULE_ATTR, rule.name)
     return None
