@@ -39,6 +39,7 @@ from hetpart.errors import MissingInputShapeError, ModelLoadError, UnsupportedOp
 from hetpart.graph import TensorSpec
 from tvm_passes import onnx_opsets
 from tvm_passes.constant_folding import fold_constants
+from tvm_passes.conv1d_as_conv2d import conv1d_as_conv2d
 from tvm_passes.pad_columns import COLUMN_MULTIPLE, pad_matmul_columns
 
 log = logging.getLogger(__name__)
@@ -343,6 +344,11 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
             raise ModelLoadError(f"cannot import a {type(model).__name__}: pass an ONNX path, a zoo name or a "
                                  "torch.nn.Module with example_inputs")
         imported = _import_torch(model, example_inputs or (), name)
+    mod, rewritten = conv1d_as_conv2d(imported.mod)
+    if rewritten:
+        imported = dataclasses.replace(imported, mod=mod, notes=imported.notes + (
+            f"rewrote {rewritten} conv1d(s) as (1, k) conv2d(s), which the CPU conv rules schedule "
+            "(tvm_passes.conv1d_as_conv2d)",))
     if not pad_columns:
         return imported
     mod, padded = pad_matmul_columns(imported.mod)    # after folding: weight transposes are constants by now

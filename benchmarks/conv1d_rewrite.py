@@ -1,0 +1,157 @@
+"""1-D convolutions on the CPU: imported as they are (the pooling rule took them) against the (1, k) conv2d rewrite
+(``tvm_passes.conv1d_as_conv2d``), against onnxruntime, in one process with ``cpu_kernels.py``'s block protocol.
+
+Each case is an ONNX model of one Conv over [1, C, L] followed by a ReLU, built here with random weights; every
+variant is checked against onnxruntime before it is timed.
+
+    TVM_NUM_THREADS=2 python benchmarks/conv1d_rewrite.py --rounds 7 --out benchmarks/results/conv1d_rewrite
+
+writes ``conv1d_rewrite.json`` and ``README.md`` there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("TVM_NUM_THREADS", "2")
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+sys.path.insert(1, str(_HERE))
+
+# (name, in channels, out channels, kernel, stride, dilation, pad, groups, length)
+CASES = [
+    ("64->64 k3 d4 L400", 64, 64, 3, 1, 4, 4, 1, 400),
+    ("128->256 k5 L400", 128, 256, 5, 1, 1, 2, 1, 400),
+    ("512->512 k1 L100", 512, 512, 1, 1, 1, 0, 1, 100),
+    ("80->256 k3 s2 L800", 80, 256, 3, 2, 1, 1, 1, 800),
+    ("30->128 k5 L200", 30, 128, 5, 1, 1, 0, 1, 200),
+    ("1->64 k10 s5 L16000", 1, 64, 10, 5, 1, 0, 1, 16000),
+    ("96 depthwise k15 L48", 96, 96, 15, 1, 1, 7, 96, 48),
+    ("256->250 k5 L333", 256, 250, 5, 1, 1, 2, 1, 333),
+    ("128->300 k1 L186", 128, 300, 1, 1, 1, 0, 1, 186),
+]
+
+
+def conv1d_onnx(path: Path, c_in: int, c_out: int, kernel: int, stride: int, dilation: int, pad: int, groups: int,
+                length: int) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array((rng.standard_normal((c_out, c_in // groups, kernel)) * 0.1).astype(np.float32),
+                                     "w")
+    bias = numpy_helper.from_array(rng.standard_normal(c_out).astype(np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[kernel], strides=[stride],
+                              dilations=[dilation], pads=[pad, pad], group=groups),
+             helper.make_node("Relu", ["y"], ["out"])]
+    out_length = (length + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, length])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, c_out, out_length])],
+                              [weight, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 10
+    onnx.save(model, str(path))
+    return path
+
+
+def bench_case(case: tuple, work: Path, rounds: int, calls: int) -> dict:
+    import tvm
+    from tvm import relax
+
+    import cpu_kernels as ck
+    import tvm_passes.frontend as frontend
+    from tvm_passes.schedules import cpu_pipeline, default_cpu_target
+
+    name, *shape = case
+    path = conv1d_onnx(work / "conv1d.onnx", *shape)
+    x = np.random.default_rng(1).standard_normal((1, shape[0], shape[-1])).astype(np.float32)
+    sessions = {"onnxruntime": ck._ort_session(path), "onnxruntime_spinning": ck._ort_session(path, spinning=True)}
+    reference = sessions["onnxruntime"].run(None, {"x": x})[0]
+    target = default_cpu_target()
+    runners = {key: (lambda s=s: s.run(None, {"x": x})) for key, s in sessions.items()}
+    row: dict = {"case": name, "shape": dict(zip(("c_in", "c_out", "kernel", "stride", "dilation", "pad", "groups",
+                                                    "length"), shape))}
+    rewrite = frontend.conv1d_as_conv2d
+    for variant, rewritten in (("as_conv1d", False), ("rewritten", True)):
+        frontend.conv1d_as_conv2d = rewrite if rewritten else (lambda mod: (mod, 0))
+        try:
+            imported = frontend.import_model(path)
+        finally:
+            frontend.conv1d_as_conv2d = rewrite
+        vm = relax.VirtualMachine(tvm.compile(imported.mod, target=target, relax_pipeline=cpu_pipeline(target)),
+                                  tvm.cpu())
+        arg = tvm.runtime.tensor(x)
+        out = vm["main"](arg).numpy()
+        row[f"{variant}_max_rel_diff"] = float(np.abs(out - reference).max() / np.abs(reference).max())
+        if row[f"{variant}_max_rel_diff"] > 1e-4:
+            raise RuntimeError(f"{name} {variant}: differs from onnxruntime by {row[f'{variant}_max_rel_diff']:.1e}")
+        runners[variant] = lambda vm=vm, arg=arg: vm["main"](arg)
+    ck._record_times(row, ck._block_times(runners, rounds, calls))
+    return row
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    import cpu_kernels as ck
+
+    lines = ["# 1-D convolutions: as imported vs the (1, k) conv2d rewrite vs onnxruntime", "",
+             f"Measured {meta['date']} on {meta['cpu']} ({meta['threads']} threads for TVM and onnxruntime). "
+             + ck._block_protocol(meta, "timed calls"), "", "    " + meta["command"], "",
+             "| conv1d + ReLU | as conv1d ms | rewritten ms | ORT ms | as conv1d / ORT | rewritten / ORT |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['as_conv1d_ms']:.3f} | {r['rewritten_ms']:.3f} | {r['onnxruntime_ms']:.3f} "
+                     f"| {r['as_conv1d_ratio_to_ort']:.2f} | {r['rewritten_ratio_to_ort']:.2f} |")
+    ratios = sorted(r["rewritten_ratio_to_ort"] for r in rows)
+    lines += ["", f"Rewritten / onnxruntime over {len(rows)} cases: median {ratios[len(ratios) // 2]:.2f}x, worst "
+                  f"{ratios[-1]:.2f}x; as imported before: median "
+                  f"{sorted(r['as_conv1d_ratio_to_ort'] for r in rows)[len(rows) // 2]:.1f}x."]
+    return "\n".join(lines) + "\n"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "an unnamed CPU"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls-per-block", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=_HERE / "results" / "conv1d_rewrite")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in CASES:
+            rows.append(bench_case(case, Path(tmp), args.rounds, args.calls_per_block))
+            print(f"{case[0]}: as conv1d {rows[-1]['as_conv1d_ratio_to_ort']:.2f}x, rewritten "
+                  f"{rows[-1]['rewritten_ratio_to_ort']:.2f}x onnxruntime", flush=True)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(),
+            "threads": os.environ["TVM_NUM_THREADS"], "rounds": args.rounds, "calls_per_block": args.calls_per_block,
+            "command": "TVM_NUM_THREADS=2 python benchmarks/conv1d_rewrite.py --rounds "
+                       f"{args.rounds} --out benchmarks/results/conv1d_rewrite"}
+    try:
+        from tvm_passes.schedules import default_cpu_target
+        meta["cpu"] = f"{meta['cpu']} (LLVM mcpu {default_cpu_target().attrs['mcpu']})"
+    except Exception:  # noqa: BLE001 (a label only)
+        pass
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "conv1d_rewrite.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    (args.out / "README.md").write_text(markdown(rows, meta))
+
+
+if __name__ == "__main__":
+    main()
