@@ -39,7 +39,8 @@ def _vars_in(expr: tirx.PrimExpr) -> set:
 
 def _windowed_spatial_positions(block: tirx.stmt.SBlock) -> list[int] | None:
     """Positions (among the block's spatial iterators) of the window axes: spatial iterators that some read
-    indexes together with a reduction iterator (``oh*s + rh``). None when the block reads no such index."""
+    indexes together with a reduction iterator (``oh*s + rh``). None when the block reads no such index, or when
+    some read indexes a reduction iterator alone (a convolution's input channels or weight taps, not a pool)."""
     spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
     reduction = {iv.var for iv in block.iter_vars if int(iv.iter_type) == 2}
     windowed: set[int] = set()
@@ -47,7 +48,10 @@ def _windowed_spatial_positions(block: tirx.stmt.SBlock) -> list[int] | None:
         for index_range in region.region:
             used = _vars_in(index_range.min)
             if used & reduction:
-                windowed |= {i for i, var in enumerate(spatial) if var in used}
+                positions = {i for i, var in enumerate(spatial) if var in used}
+                if not positions:
+                    return None
+                windowed |= positions
     return sorted(windowed) or None
 
 
