@@ -228,9 +228,10 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
         raise ModelLoadError(f"{path.name}: folding shape computations with onnxslim failed for shapes "
                              f"{bound}: {exc}") from exc
     dtypes = {n: dt for n, _, dt in inputs}
+    for_tvm = onnx_opsets.omit_empty_resize_scales(slim) or slim
     try:
         with rnn_import_options(rnn_options), onnx_opsets.converter_prints_to_log():
-            mod = from_onnx(slim, shape_dict={n: list(d) for n, d in bound.items()}, dtype_dict=dtypes,
+            mod = from_onnx(for_tvm, shape_dict={n: list(d) for n, d in bound.items()}, dtype_dict=dtypes,
                             keep_params_in_input=False, sanitize_input_names=False)
     except Exception as exc:
         raise onnx_opsets.import_failure(path.name, slim, exc, upgrade) from exc

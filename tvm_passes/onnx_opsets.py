@@ -19,6 +19,10 @@ When a model has mismatched nodes it is upgraded to the *lowest* opset at which 
 each mismatched op type names the lowest opset whose form matches its converter; the model is converted to the
 highest of these and checked again (Upsample becomes Resize-10, itself mismatched until Resize-11). TVM 0.27 has
 mismatched converters only below opset 11, so upgrades end at opset 10 or 11.
+
+One op form fails in every opset: Resize with ``sizes`` and an empty ``scales`` constant (what torch writes for
+``interpolate(size=...)`` at opsets 11-12). ``omit_empty_resize_scales`` gives the importer a copy that omits the
+empty input.
 """
 from __future__ import annotations
 
@@ -138,6 +142,34 @@ def _nodes(graph: Any) -> Iterator[Any]:
 
 def node_label(node: Any) -> str:
     return node.name or f"(unnamed, output {node.output[0] if node.output else '?'})"
+
+
+def omit_empty_resize_scales(model: Any) -> Any | None:
+    """A copy of ``model`` for TVM's importer in which Resize nodes that give ``sizes`` omit their empty ``scales``
+    input; None when no node does so.
+
+    Exporters targeting opsets 11-12 (torch's ``F.interpolate(size=...)``) write Resize with both inputs, ``scales``
+    an empty constant: ONNX reads an empty ``scales`` as absent, TVM 0.27's converter asserts "Only one of scales and
+    sizes can be provided" whatever the opset. The copy names the input ``""`` (omitted), which TVM reads as absent;
+    below opset 13 ONNX itself requires the input, so the copy is for the importer only."""
+    empty = {init.name for init in model.graph.initializer if 0 in init.dims}
+    empty |= {node.output[0] for node in model.graph.node if node.op_type == "Constant" and node.attribute
+              and node.attribute[0].HasField("t") and 0 in node.attribute[0].t.dims}
+
+    def wanted(node: Any) -> bool:
+        return node.domain in DEFAULT_DOMAINS and node.op_type == "Resize" and len(node.input) >= 4 \
+            and bool(node.input[3]) and node.input[2] in empty
+
+    if not any(wanted(node) for node in _nodes(model.graph)):
+        return None
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for node in _nodes(copy.graph):
+        if wanted(node):
+            node.input[2] = ""
+    return copy
 
 
 def find_mismatches(model: Any, convert_map: Mapping[str, Any]) -> list[Mismatch]:

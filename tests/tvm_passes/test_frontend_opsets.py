@@ -60,6 +60,14 @@ CASES = {
     # Resize-10 has scales at input 1, where TVM's only converter (_impl_v18) reads roi
     "resize_opset10": (10, [N("Resize", ["x", "sc"], ["y"], mode="nearest", name="rs")], (1, 2, 3, 4),
                        (_const("sc", [1, 1, 2, 3], np.float32),), ("y",), 11),
+    # sizes with an empty scales constant (torch's interpolate(size=...) at opsets 11-12): TVM asserted on both
+    "resize_sizes_empty_scales_opset11": (11, [N("Resize", ["x", "roi", "sc", "sz"], ["y"], mode="linear")],
+                                          (1, 2, 3, 4), (_const("roi", np.zeros(0), np.float32),
+                                                         _const("sc", np.zeros(0), np.float32),
+                                                         _const("sz", [1, 2, 6, 7], np.int64)), ("y",), None),
+    "resize_sizes_empty_scales_opset13": (13, [N("Resize", ["x", "", "sc", "sz"], ["y"], mode="nearest")],
+                                          (1, 2, 3, 4), (_const("sc", np.zeros(0), np.float32),
+                                                         _const("sz", [1, 2, 6, 8], np.int64)), ("y",), None),
     # TopK-10 takes K as an input; TVM's _impl_v1 would read the k attribute and silently return the top 1
     "topk_opset10": (10, [N("TopK", ["x", "k"], ["y", "idx"], axis=-1, name="tk")], (2, 5),
                      (_const("k", [3], np.int64),), ("y", "idx"), 11),
