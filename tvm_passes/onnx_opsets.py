@@ -20,7 +20,8 @@ each mismatched op type names the lowest opset whose form matches its converter;
 highest of these and checked again (Upsample becomes Resize-10, itself mismatched until Resize-11). TVM 0.27 has
 mismatched converters only below opset 11, so upgrades end at opset 10 or 11.
 
-One op form fails in every opset: Resize with ``sizes`` and an empty ``scales`` constant (what torch writes for
+The 10 -> 11 upgrade leaves Resize-11's default coordinates (``half_pixel``) on nodes that had Resize-10's
+``asymmetric`` ones; ``keep_resize10_coordinates`` restores them on linear nodes. One op form fails in every opset: Resize with ``sizes`` and an empty ``scales`` constant (what torch writes for
 ``interpolate(size=...)`` at opsets 11-12). ``omit_empty_resize_scales`` gives the importer a copy that omits the
 empty input.
 """
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 DEFAULT_DOMAINS = ("", "ai.onnx")
 FIX_OPSET = 13   # the opset error messages suggest: most TVM 0.27 converters are _impl_v13, none mismatched there
 MAX_UPGRADE_ROUNDS = 4
+RESIZE_COORDINATES_OPSET = 11   # Resize gained coordinate_transformation_mode (default half_pixel) here
 # converters that do not implement the op form they are named for, whatever the opset (see the module docstring)
 BROKEN_CONVERTERS: Mapping[str, str] = {
     "Upsample": "TVM 0.27's only Upsample converter reads the opset-7 'scales' attribute and rounds "
@@ -227,6 +229,27 @@ def _fix_hint(opset: int) -> str:
     return "replace the node with a supported form or register a converter (see docs/architecture.md, Frontends)"
 
 
+def keep_resize10_coordinates(model: Any) -> int:
+    """Give the linear Resize nodes of a model upgraded from below opset 11 Resize-10's coordinates; returns how many.
+
+    Upsample and Resize-10 map output to input coordinates as ``x / scale`` (``asymmetric``); Resize-11 added
+    ``coordinate_transformation_mode`` with the default ``half_pixel``, and ``onnx.version_converter``'s 10 -> 11
+    adapter does not set it, so an upgraded linear upsample read other input positions (max abs error 0.72 against
+    onnxruntime on the original opset-9 model). Nearest-mode nodes are left as converted: for integer scales the
+    upgraded defaults select the same inputs, as the tests against onnxruntime check."""
+    from onnx import helper
+
+    changed = 0
+    for node in _nodes(model.graph):
+        if node.domain not in DEFAULT_DOMAINS or node.op_type != "Resize":
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("mode", b"nearest") == b"linear" and "coordinate_transformation_mode" not in attrs:
+            node.attribute.append(helper.make_attribute("coordinate_transformation_mode", "asymmetric"))
+            changed += 1
+    return changed
+
+
 def upgrade_for_tvm(model: Any, convert_map: Mapping[str, Any], model_label: str) -> tuple[Any, OpsetUpgrade | None]:
     """``(model, None)`` if no node is mismatched, else ``(upgraded model, OpsetUpgrade)``; ModelLoadError if the
     upgrade fails or leaves a mismatched node."""
@@ -261,6 +284,8 @@ def upgrade_for_tvm(model: Any, convert_map: Mapping[str, Any], model_label: str
                 f"upgrade the model to opset {target} ({type(exc).__name__}: {_first_line(exc)}); fix the node or "
                 f"export the model at opset >= {FIX_OPSET} and retry") from exc
         current = target
+        if opset is not None and opset < RESIZE_COORDINATES_OPSET <= current:
+            keep_resize10_coordinates(upgraded)
         mismatches = find_mismatches(upgraded, convert_map)
         if not mismatches:
             upgrade = OpsetUpgrade(opset, current, motivating)

@@ -60,6 +60,13 @@ CASES = {
     # Resize-10 has scales at input 1, where TVM's only converter (_impl_v18) reads roi
     "resize_opset10": (10, [N("Resize", ["x", "sc"], ["y"], mode="nearest", name="rs")], (1, 2, 3, 4),
                        (_const("sc", [1, 1, 2, 3], np.float32),), ("y",), 11),
+    # linear: Resize-10's x / scale coordinates, which the upgrade to Resize-11 (default half_pixel) must keep
+    "upsample_linear_opset7": (7, [N("Upsample", ["x"], ["y"], scales=[1.0, 1.0, 2.0, 3.0], mode="linear")],
+                               (1, 2, 3, 4), (), ("y",), 11),
+    "upsample_linear_opset9": (9, [N("Upsample", ["x", "sc"], ["y"], mode="linear")], (1, 2, 5),
+                               (_const("sc", [1, 1, 2], np.float32),), ("y",), 11),
+    "resize_linear_opset10": (10, [N("Resize", ["x", "sc"], ["y"], mode="linear")], (1, 2, 3, 4),
+                              (_const("sc", [1, 1, 2, 2], np.float32),), ("y",), 11),
     # sizes with an empty scales constant (torch's interpolate(size=...) at opsets 11-12): TVM asserted on both
     "resize_sizes_empty_scales_opset11": (11, [N("Resize", ["x", "roi", "sc", "sz"], ["y"], mode="linear")],
                                           (1, 2, 3, 4), (_const("roi", np.zeros(0), np.float32),
