@@ -1,12 +1,16 @@
 """1-D convolutions on the CPU: imported as they are (the pooling rule took them) against the (1, k) conv2d rewrite
 (``tvm_passes.conv1d_as_conv2d``), against onnxruntime, in one process with ``cpu_kernels.py``'s block protocol.
+With ``--transposed``, 1-D transposed convolutions as they are (the row-reduction rule took them) against the
+zero-inserted convolution of ``tvm_passes.conv_transpose_as_conv`` (then a (1, k) conv2d).
 
-Each case is an ONNX model of one Conv over [1, C, L] followed by a ReLU, built here with random weights; every
-variant is checked against onnxruntime before it is timed.
+Each case is an ONNX model of one Conv (ConvTranspose) over [1, C, L] followed by a ReLU, built here with random
+weights; every variant is checked against onnxruntime before it is timed.
 
     TVM_NUM_THREADS=2 python benchmarks/conv1d_rewrite.py --rounds 7 --out benchmarks/results/conv1d_rewrite
+    TVM_NUM_THREADS=2 python benchmarks/conv1d_rewrite.py --transposed --rounds 7 \
+        --out benchmarks/results/conv1d_transpose_rewrite
 
-writes ``conv1d_rewrite.json`` and ``README.md`` there.
+write ``conv1d_rewrite.json`` and ``README.md`` in the ``--out`` directory.
 """
 from __future__ import annotations
 
@@ -39,21 +43,31 @@ CASES = [
     ("256->250 k5 L333", 256, 250, 5, 1, 1, 2, 1, 333),
     ("128->300 k1 L186", 128, 300, 1, 1, 1, 0, 1, 186),
 ]
+# (name, in channels, out channels, kernel, stride, dilation, pad, groups, input length): upsampling decoders
+TRANSPOSED_CASES = [
+    ("128->64 k8 s4 L50", 128, 64, 8, 4, 1, 2, 1, 50),
+    ("64->32 k8 s4 L200", 64, 32, 8, 4, 1, 2, 1, 200),
+    ("256->128 k16 s8 L32", 256, 128, 16, 8, 1, 4, 1, 32),
+    ("512->256 k4 s2 L100", 512, 256, 4, 2, 1, 1, 1, 100),
+    ("64->64 k3 s1 L400", 64, 64, 3, 1, 1, 1, 1, 400),
+]
 
 
 def conv1d_onnx(path: Path, c_in: int, c_out: int, kernel: int, stride: int, dilation: int, pad: int, groups: int,
-                length: int) -> Path:
+                length: int, transposed: bool = False) -> Path:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array((rng.standard_normal((c_out, c_in // groups, kernel)) * 0.1).astype(np.float32),
-                                     "w")
+    weight_shape = (c_in, c_out // groups, kernel) if transposed else (c_out, c_in // groups, kernel)
+    weight = numpy_helper.from_array((rng.standard_normal(weight_shape) * 0.1).astype(np.float32), "w")
     bias = numpy_helper.from_array(rng.standard_normal(c_out).astype(np.float32), "b")
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[kernel], strides=[stride],
+    nodes = [helper.make_node("ConvTranspose" if transposed else "Conv", ["x", "w", "b"], ["y"], kernel_shape=[kernel],
+                              strides=[stride],
                               dilations=[dilation], pads=[pad, pad], group=groups),
              helper.make_node("Relu", ["y"], ["out"])]
-    out_length = (length + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+    out_length = (length - 1) * stride - 2 * pad + dilation * (kernel - 1) + 1 if transposed \
+        else (length + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
     graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, length])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, c_out, out_length])],
                               [weight, bias])
@@ -63,7 +77,7 @@ def conv1d_onnx(path: Path, c_in: int, c_out: int, kernel: int, stride: int, dil
     return path
 
 
-def bench_case(case: tuple, work: Path, rounds: int, calls: int) -> dict:
+def bench_case(case: tuple, work: Path, rounds: int, calls: int, transposed: bool = False) -> dict:
     import tvm
     from tvm import relax
 
@@ -72,7 +86,7 @@ def bench_case(case: tuple, work: Path, rounds: int, calls: int) -> dict:
     from tvm_passes.schedules import cpu_pipeline, default_cpu_target
 
     name, *shape = case
-    path = conv1d_onnx(work / "conv1d.onnx", *shape)
+    path = conv1d_onnx(work / "conv1d.onnx", *shape, transposed=transposed)
     x = np.random.default_rng(1).standard_normal((1, shape[0], shape[-1])).astype(np.float32)
     sessions = {"onnxruntime": ck._ort_session(path), "onnxruntime_spinning": ck._ort_session(path, spinning=True)}
     reference = sessions["onnxruntime"].run(None, {"x": x})[0]
@@ -80,13 +94,14 @@ def bench_case(case: tuple, work: Path, rounds: int, calls: int) -> dict:
     runners = {key: (lambda s=s: s.run(None, {"x": x})) for key, s in sessions.items()}
     row: dict = {"case": name, "shape": dict(zip(("c_in", "c_out", "kernel", "stride", "dilation", "pad", "groups",
                                                     "length"), shape))}
-    rewrite = frontend.conv1d_as_conv2d
-    for variant, rewritten in (("as_conv1d", False), ("rewritten", True)):
-        frontend.conv1d_as_conv2d = rewrite if rewritten else (lambda mod: (mod, 0))
+    rewrite_name = "conv_transpose_as_conv" if transposed else "conv1d_as_conv2d"
+    rewrite = getattr(frontend, rewrite_name)
+    for variant, rewritten in (("as_imported", False), ("rewritten", True)):
+        setattr(frontend, rewrite_name, rewrite if rewritten else (lambda mod: (mod, 0)))
         try:
             imported = frontend.import_model(path)
         finally:
-            frontend.conv1d_as_conv2d = rewrite
+            setattr(frontend, rewrite_name, rewrite)
         vm = relax.VirtualMachine(tvm.compile(imported.mod, target=target, relax_pipeline=cpu_pipeline(target)),
                                   tvm.cpu())
         arg = tvm.runtime.tensor(x)
@@ -102,18 +117,21 @@ def bench_case(case: tuple, work: Path, rounds: int, calls: int) -> dict:
 def markdown(rows: list[dict], meta: dict) -> str:
     import cpu_kernels as ck
 
-    lines = ["# 1-D convolutions: as imported vs the (1, k) conv2d rewrite vs onnxruntime", "",
+    kind = "1-D transposed convolutions: as imported vs the zero-inserted convolution" if meta.get("transposed") \
+        else "1-D convolutions: as imported vs the (1, k) conv2d rewrite"
+    lines = [f"# {kind} vs onnxruntime", "",
              f"Measured {meta['date']} on {meta['cpu']} ({meta['threads']} threads for TVM and onnxruntime). "
              + ck._block_protocol(meta, "timed calls"), "", "    " + meta["command"], "",
-             "| conv1d + ReLU | as conv1d ms | rewritten ms | ORT ms | as conv1d / ORT | rewritten / ORT |",
+             f"| {'conv1d_transpose' if meta.get('transposed') else 'conv1d'} + ReLU | as imported ms | rewritten ms | "
+             "ORT ms | as imported / ORT | rewritten / ORT |",
              "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['case']} | {r['as_conv1d_ms']:.3f} | {r['rewritten_ms']:.3f} | {r['onnxruntime_ms']:.3f} "
-                     f"| {r['as_conv1d_ratio_to_ort']:.2f} | {r['rewritten_ratio_to_ort']:.2f} |")
+        lines.append(f"| {r['case']} | {r['as_imported_ms']:.3f} | {r['rewritten_ms']:.3f} | {r['onnxruntime_ms']:.3f} "
+                     f"| {r['as_imported_ratio_to_ort']:.2f} | {r['rewritten_ratio_to_ort']:.2f} |")
     ratios = sorted(r["rewritten_ratio_to_ort"] for r in rows)
     lines += ["", f"Rewritten / onnxruntime over {len(rows)} cases: median {ratios[len(ratios) // 2]:.2f}x, worst "
-                  f"{ratios[-1]:.2f}x; as imported before: median "
-                  f"{sorted(r['as_conv1d_ratio_to_ort'] for r in rows)[len(rows) // 2]:.1f}x."]
+                  f"{ratios[-1]:.2f}x; as imported: median "
+                  f"{sorted(r['as_imported_ratio_to_ort'] for r in rows)[len(rows) // 2]:.1f}x."]
     return "\n".join(lines) + "\n"
 
 
@@ -131,18 +149,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls-per-block", type=int, default=5)
+    parser.add_argument("--transposed", action="store_true", help="1-D transposed convolutions instead")
     parser.add_argument("--out", type=Path, default=_HERE / "results" / "conv1d_rewrite")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for case in CASES:
-            rows.append(bench_case(case, Path(tmp), args.rounds, args.calls_per_block))
-            print(f"{case[0]}: as conv1d {rows[-1]['as_conv1d_ratio_to_ort']:.2f}x, rewritten "
+        for case in TRANSPOSED_CASES if args.transposed else CASES:
+            rows.append(bench_case(case, Path(tmp), args.rounds, args.calls_per_block, args.transposed))
+            print(f"{case[0]}: as imported {rows[-1]['as_imported_ratio_to_ort']:.2f}x, rewritten "
                   f"{rows[-1]['rewritten_ratio_to_ort']:.2f}x onnxruntime", flush=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(),
             "threads": os.environ["TVM_NUM_THREADS"], "rounds": args.rounds, "calls_per_block": args.calls_per_block,
-            "command": "TVM_NUM_THREADS=2 python benchmarks/conv1d_rewrite.py --rounds "
-                       f"{args.rounds} --out benchmarks/results/conv1d_rewrite"}
+            "transposed": args.transposed,
+            "command": "TVM_NUM_THREADS=2 python benchmarks/conv1d_rewrite.py "
+                       f"{'--transposed ' if args.transposed else ''}--rounds {args.rounds} --out "
+                       f"benchmarks/results/{args.out.name}"}
     try:
         from tvm_passes.schedules import default_cpu_target
         meta["cpu"] = f"{meta['cpu']} (LLVM mcpu {default_cpu_target().attrs['mcpu']})"

@@ -40,6 +40,7 @@ from hetpart.graph import TensorSpec
 from tvm_passes import onnx_opsets
 from tvm_passes.constant_folding import fold_constants
 from tvm_passes.conv1d_as_conv2d import conv1d_as_conv2d
+from tvm_passes.conv_transpose_as_conv import conv_transpose_as_conv
 from tvm_passes.pad_columns import COLUMN_MULTIPLE, pad_matmul_columns
 
 log = logging.getLogger(__name__)
@@ -345,6 +346,11 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
             raise ModelLoadError(f"cannot import a {type(model).__name__}: pass an ONNX path, a zoo name or a "
                                  "torch.nn.Module with example_inputs")
         imported = _import_torch(model, example_inputs or (), name)
+    mod, transposed = conv_transpose_as_conv(imported.mod)
+    if transposed:
+        imported = dataclasses.replace(imported, mod=mod, notes=imported.notes + (
+            f"rewrote {transposed} 1-D transposed convolution(s) as zero-inserted convolutions, which the CPU conv rules "
+            "schedule (tvm_passes.conv_transpose_as_conv)",))
     mod, rewritten = conv1d_as_conv2d(imported.mod)
     if rewritten:
         imported = dataclasses.replace(imported, mod=mod, notes=imported.notes + (
