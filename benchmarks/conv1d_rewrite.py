@@ -135,16 +135,6 @@ def markdown(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "an unnamed CPU"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -158,7 +148,10 @@ def main() -> None:
             rows.append(bench_case(case, Path(tmp), args.rounds, args.calls_per_block, args.transposed))
             print(f"{case[0]}: as imported {rows[-1]['as_imported_ratio_to_ort']:.2f}x, rewritten "
                   f"{rows[-1]['rewritten_ratio_to_ort']:.2f}x onnxruntime", flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(),
+    import cpu_kernels as ck
+
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu": ck.cpu_name() or platform.processor() or "an unnamed CPU",
             "threads": os.environ["TVM_NUM_THREADS"], "rounds": args.rounds, "calls_per_block": args.calls_per_block,
             "transposed": args.transposed,
             "command": "TVM_NUM_THREADS=2 python benchmarks/conv1d_rewrite.py "

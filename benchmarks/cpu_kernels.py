@@ -160,6 +160,15 @@ def _record_times(row: dict, times: dict[str, list[float]]) -> None:
             row[f"{name}_rounds"] = len(samples)
 
 
+def cpu_name() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it; None where there is none."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return None
+
+
 def _block_protocol(meta: dict, sample: str) -> str:
     """The block protocol in words; ``sample``: what one timed sample of a block is."""
     return (f"Variants timed in blocks in one process: every round, each variant in turn (order rotated every round) "
@@ -435,11 +444,9 @@ def main() -> None:
         "compare_without": args.compare_without,
         "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            meta["cpu"] = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
+    if cpu is not None:
+        meta["cpu"] = cpu
     meta["command"] = "TVM_NUM_THREADS=2 python benchmarks/cpu_kernels.py " + " ".join(sys.argv[1:])
     if args.conv_shapes:
         from cpu_conv_shapes import run_conv_shapes

@@ -147,16 +147,6 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "an unnamed CPU"
-
-
 def main() -> None:
     from architectures import MODELS
 
@@ -184,7 +174,10 @@ def main() -> None:
                 if opset == args.time_opset and rows[name][str(opset)]["status"] != "failed":
                     rows[name]["time"] = time_against_onnxruntime(path, inputs, args.rounds, args.calls_per_block)
                     log.info("%s: rules / onnxruntime %.2f", name, rows[name]["time"]["rules_ratio_to_ort"])
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": _cpu_name(),
+    import cpu_kernels as ck
+
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "cpu": ck.cpu_name() or platform.processor() or "an unnamed CPU",
             "threads": os.environ["TVM_NUM_THREADS"], "models": args.models, "opsets": args.opsets,
             "time_opset": args.time_opset, "rounds": args.rounds, "calls_per_block": args.calls_per_block,
             "command": "TVM_NUM_THREADS=2 python benchmarks/model_sweep.py"
