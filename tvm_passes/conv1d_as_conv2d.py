@@ -4,9 +4,9 @@ hetpart's CPU rules (``tvm_passes.schedules``) tile NCHW conv2d kernels; none of
 1-D convolution fell to the pooling rule, which took it for a sliding-window reduction: it ran the output channels
 in parallel, copied the whole padded input once per output channel and never vectorised. Measured on a 2-core Zen 4
 host (``TVM_NUM_THREADS=2 python benchmarks/conv1d_rewrite.py --rounds 7``, conv + ReLU, onnxruntime with 2
-threads in the same rounds; benchmarks/results/conv1d_rewrite/): 9 shapes, as imported a median 24.7x
-onnxruntime's time (e.g. 128 -> 256 channels, k 5, length 400: 35.2 ms against 0.80 ms), rewritten 0.92x (0.73 ms);
-an earlier run of the same command 28.6x and 0.87x.
+threads in the same rounds; benchmarks/results/conv1d_rewrite/): 9 shapes, as imported a median 25.6x
+onnxruntime's time (e.g. 128 -> 256 channels, k 5, length 400: 35.4 ms against 0.78 ms), rewritten 0.87x (0.68 ms);
+earlier runs of the same command 24.7x / 0.92x and 28.6x / 0.87x.
 
 Audio and sequence models (TCNs, x-vectors, conformers, wav2vec-style feature encoders) are built of such
 convolutions. This pass rewrites every ``conv1d`` with NCW data and OIW weights at import time as
@@ -18,8 +18,8 @@ else reads them. A constant weight becomes a constant ``[O, I, 1, k]`` (one per 
 share it), so the conv rules' weight prepacking applies. The (1, k) orientation measured as fast as (k, 1) where
 the output channels fill whole vectors, and faster where they do not (256 -> 250, k 5, 333: 1.9 against 10.9 ms;
 128 -> 300, k 3, 186: 2.0 against 3.3 ms; one interleaved run). Pointwise convolutions whose output channels are not
-a multiple of 8 stay slow either way (128 -> 300, k 1, 186: 1.95-2.07 ms against onnxruntime's 0.10-0.11 ms), as 2-D
-convolutions with such channel counts are. It runs in :func:`tvm_passes.frontend.import_model` (after constant
+a multiple of 8 were slow either way (128 -> 300, k 1, 186: 1.95-2.07 ms against onnxruntime's 0.10-0.11 ms), as 2-D
+ones with such channel counts were; ``tvm_passes.pad_conv_channels`` pads their channels (0.93x onnxruntime). It runs in :func:`tvm_passes.frontend.import_model` (after constant
 folding, before ``tvm_passes.pad_columns``), so the graph, the profiler, the predictors and the executable all see
 the 2-D kernels.
 """

@@ -42,6 +42,7 @@ from tvm_passes.constant_folding import fold_constants
 from tvm_passes.conv1d_as_conv2d import conv1d_as_conv2d
 from tvm_passes.conv_transpose_as_conv import conv_transpose_as_conv
 from tvm_passes.pad_columns import COLUMN_MULTIPLE, pad_matmul_columns
+from tvm_passes.pad_conv_channels import pad_conv_channels
 
 log = logging.getLogger(__name__)
 
@@ -329,7 +330,8 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
     are unrolled, e.g. ``RnnImportOptions(input_projection="per_slice", slice_steps=4)``.
 
     ``pad_columns=False`` keeps matmuls against constant weights as written instead of padding their columns to
-    whole SIMD vectors (``tvm_passes.pad_columns``; for comparisons -- the padded graph is what hetpart deploys).
+    whole SIMD vectors (``tvm_passes.pad_columns``), and pointwise convolutions' output channels likewise
+    (``tvm_passes.pad_conv_channels``; for comparisons -- the padded graph is what hetpart deploys).
     """
     shapes = parse_input_shapes(input_shapes)
     if isinstance(model, (str, Path)):
@@ -358,6 +360,11 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
             "(tvm_passes.conv1d_as_conv2d)",))
     if not pad_columns:
         return imported
+    mod, padded_convs = pad_conv_channels(imported.mod)
+    if padded_convs:
+        imported = dataclasses.replace(imported, mod=mod, notes=imported.notes + (
+            f"padded the output channels of {padded_convs} pointwise convolution(s) to a multiple of "
+            f"{COLUMN_MULTIPLE} (whole SIMD vectors; tvm_passes.pad_conv_channels)",))
     mod, padded = pad_matmul_columns(imported.mod)    # after folding: weight transposes are constants by now
     if not padded:
         return imported
