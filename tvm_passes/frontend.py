@@ -348,26 +348,26 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
             raise ModelLoadError(f"cannot import a {type(model).__name__}: pass an ONNX path, a zoo name or a "
                                  "torch.nn.Module with example_inputs")
         imported = _import_torch(model, example_inputs or (), name)
-    mod, transposed = conv_transpose_as_conv(imported.mod)
-    if transposed:
-        imported = dataclasses.replace(imported, mod=mod, notes=imported.notes + (
-            f"rewrote {transposed} 1-D transposed convolution(s) as zero-inserted convolutions, which the CPU conv rules "
-            "schedule (tvm_passes.conv_transpose_as_conv)",))
-    mod, rewritten = conv1d_as_conv2d(imported.mod)
-    if rewritten:
-        imported = dataclasses.replace(imported, mod=mod, notes=imported.notes + (
-            f"rewrote {rewritten} conv1d(s) as (1, k) conv2d(s), which the CPU conv rules schedule "
-            "(tvm_passes.conv1d_as_conv2d)",))
+    imported = _rewritten(imported, conv_transpose_as_conv, lambda n: (
+        f"rewrote {n} 1-D transposed convolution(s) as zero-inserted convolutions, which the CPU conv rules schedule "
+        "(tvm_passes.conv_transpose_as_conv)"))
+    imported = _rewritten(imported, conv1d_as_conv2d, lambda n: (
+        f"rewrote {n} conv1d(s) as (1, k) conv2d(s), which the CPU conv rules schedule (tvm_passes.conv1d_as_conv2d)"))
     if not pad_columns:
         return imported
-    mod, padded_convs = pad_conv_channels(imported.mod)
-    if padded_convs:
-        imported = dataclasses.replace(imported, mod=mod, notes=imported.notes + (
-            f"padded the output channels of {padded_convs} pointwise convolution(s) to a multiple of "
-            f"{COLUMN_MULTIPLE} (whole SIMD vectors; tvm_passes.pad_conv_channels)",))
-    mod, padded = pad_matmul_columns(imported.mod)    # after folding: weight transposes are constants by now
-    if not padded:
+    imported = _rewritten(imported, pad_conv_channels, lambda n: (
+        f"padded the output channels of {n} pointwise convolution(s) to a multiple of {COLUMN_MULTIPLE} (whole SIMD "
+        "vectors; tvm_passes.pad_conv_channels)"))
+    # after folding: weight transposes are constants by now
+    return _rewritten(imported, pad_matmul_columns, lambda n: (
+        f"padded the columns of {n} constant-weight matmul(s) to a multiple of {COLUMN_MULTIPLE} (whole SIMD "
+        "vectors; tvm_passes.pad_columns)"))
+
+
+def _rewritten(imported: ImportedModel, rewrite: Callable[[Any], tuple[Any, int]],
+               note: Callable[[int], str]) -> ImportedModel:
+    """``imported`` after an import rewrite (module -> (module, ops rewritten)), the rewrite noted when it did any."""
+    mod, count = rewrite(imported.mod)
+    if not count:
         return imported
-    note = (f"padded the columns of {padded} constant-weight matmul(s) to a multiple of {COLUMN_MULTIPLE} "
-            "(whole SIMD vectors; tvm_passes.pad_columns)")
-    return dataclasses.replace(imported, mod=mod, notes=imported.notes + (note,))
+    return dataclasses.replace(imported, mod=mod, notes=imported.notes + (note(count),))
