@@ -29,6 +29,8 @@ import functools
 import logging
 from typing import Any
 
+from tvm_passes.import_rewrites import apply_rewriter
+
 log = logging.getLogger(__name__)
 
 # Ops applied to a convolution's output in its [N, C, 1, L] form (one output element per input element, or a
@@ -43,18 +45,10 @@ ELEMENTWISE_OPS = frozenset({
 
 def conv1d_as_conv2d(mod: Any) -> tuple[Any, int]:
     """(module with every NCW/OIW ``conv1d`` rewritten as a (1, k) ``conv2d``, number rewritten)."""
-    from tvm import relax
-
-    rewriter = _rewriter_class()(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, relax.analysis.remove_all_unused(rewriter.visit_expr(func)))
-    count = rewriter.count
-    rewriter.forget()
-    if count == 0:
-        return mod, 0
-    log.info("rewrote %d conv1d(s) as (1, k) conv2d(s)", count)
-    return relax.transform.Normalize()(rewriter.builder_.get()), count
+    mod, count = apply_rewriter(mod, _rewriter_class()(mod))
+    if count:
+        log.info("rewrote %d conv1d(s) as (1, k) conv2d(s)", count)
+    return mod, count
 
 
 def _rewritable(call: Any) -> bool:
@@ -101,6 +95,10 @@ def _rewriter_class() -> type:
 
         def forget(self) -> None:
             self.constants, self.rows = [], {}
+
+        def finish(self, func: Any) -> Any:
+            """Drop the 3-D views nothing reads."""
+            return relax.analysis.remove_all_unused(func)
 
         def weight_2d(self, weight: Any, name: str) -> Any:
             if isinstance(weight, tvm.ir.GenericConst):

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from tvm_passes.import_rewrites import apply_rewriter
+
 log = logging.getLogger(__name__)
 
 # Only 1-D: 2-D transposed convolutions already reach the conv rules through TOPI's legalization, and the rewrite
@@ -33,17 +35,10 @@ _LAYOUTS = {"relax.nn.conv1d_transpose": ("NCW", "IOW")}
 
 def conv_transpose_as_conv(mod: Any) -> tuple[Any, int]:
     """(module with every rewritable 1-D transposed convolution replaced, number replaced)."""
-    from tvm import relax
-
-    rewriter = _rewriter_class()(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    count = rewriter.count
-    if count == 0:
-        return mod, 0
-    log.info("rewrote %d 1-D transposed convolution(s) as zero-inserted convolutions", count)
-    return relax.transform.Normalize()(rewriter.builder_.get()), count
+    mod, count = apply_rewriter(mod, _rewriter_class()(mod))
+    if count:
+        log.info("rewrote %d 1-D transposed convolution(s) as zero-inserted convolutions", count)
+    return mod, count
 
 
 def conv_weight(weight: np.ndarray, groups: int) -> np.ndarray:

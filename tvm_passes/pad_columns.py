@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections import Counter
 from typing import Any
 
 import numpy as np
+
+from tvm_passes.import_rewrites import apply_rewriter, use_counter_class
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +55,10 @@ def padded_columns(n_columns: int, multiple: int = COLUMN_MULTIPLE) -> int:
 
 def pad_matmul_columns(mod: Any, multiple: int = COLUMN_MULTIPLE) -> tuple[Any, int]:
     """(module with every ragged constant-weight matmul padded, number of matmuls padded)."""
-    from tvm import relax
-
-    padder = _padder_class()(mod, multiple)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            padder.plan(func)
-            padder.builder_.update_func(gv, padder.visit_expr(func))
-    count = padder.count
-    padder.forget()
-    if count == 0:
-        return mod, 0
-    log.info("padded the columns of %d constant-weight matmul(s) to multiples of %d", count, multiple)
-    return relax.transform.Normalize()(padder.builder_.get()), count
+    mod, count = apply_rewriter(mod, _padder_class()(mod, multiple))
+    if count:
+        log.info("padded the columns of %d constant-weight matmul(s) to multiples of %d", count, multiple)
+    return mod, count
 
 
 def _constant(expr: Any) -> np.ndarray | None:
@@ -103,28 +95,12 @@ def _ragged_weight(value: Any, multiple: int) -> np.ndarray | None:
 
 @functools.lru_cache(maxsize=None)
 def _padder_class() -> type:
-    """The visitor and mutator classes, made once: TVM keeps every class its decorators make alive, with whatever
-    it closes over (see tvm_passes.kernel_groups._rename_kernels_mutator); instances hold the weights only until
-    :meth:`forget`."""
+    """The mutator class, made once: TVM keeps every class its decorators make alive, with whatever it closes over
+    (see tvm_passes.kernel_groups._rename_kernels_mutator); instances hold the weights only until :meth:`forget`."""
     import tvm
     from tvm import relax
 
-    @relax.expr_functor.visitor
-    class _UseCounter(relax.PyExprVisitor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.uses: Counter = Counter()
-            self.bindings: dict[Any, Any] = {}
-
-        def visit_var_binding_(self, binding: Any) -> None:
-            self.bindings[binding.var] = binding.value
-            self.visit_expr(binding.value)
-
-        def visit_var_(self, var: Any) -> None:
-            self.uses[var] += 1
-
-        def visit_dataflow_var_(self, var: Any) -> None:
-            self.uses[var] += 1
+    _UseCounter = use_counter_class()
 
     @relax.expr_functor.mutator
     class _Padder(relax.PyExprMutator):

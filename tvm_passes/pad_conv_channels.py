@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections import Counter
 from typing import Any
 
 import numpy as np
 
+from tvm_passes.import_rewrites import apply_rewriter, use_counter_class
 from tvm_passes.pad_columns import COLUMN_MULTIPLE, MIN_COLUMNS, padded_columns
 
 log = logging.getLogger(__name__)
@@ -69,42 +69,16 @@ def _channel_bias(value: Any, channels: int) -> np.ndarray | None:
 
 def pad_conv_channels(mod: Any) -> tuple[Any, int]:
     """(module with every such pointwise convolution padded, number padded)."""
-    from tvm import relax
-
-    padder = _padder_class()(mod)
-    for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            padder.plan(func)
-            padder.builder_.update_func(gv, padder.visit_expr(func))
-    count = padder.count
-    padder.forget()
-    if count == 0:
-        return mod, 0
-    log.info("padded the output channels of %d pointwise convolution(s) to whole vectors", count)
-    return relax.transform.Normalize()(padder.builder_.get()), count
+    mod, count = apply_rewriter(mod, _padder_class()(mod))
+    if count:
+        log.info("padded the output channels of %d pointwise convolution(s) to whole vectors", count)
+    return mod, count
 
 
 @functools.lru_cache(maxsize=None)
 def _padder_class() -> type:
     """The mutator class, made once (see ``tvm_passes.pad_columns._padder_class``)."""
     from tvm import relax
-
-    @relax.expr_functor.visitor
-    class _UseCounter(relax.PyExprVisitor):
-        def __init__(self) -> None:
-            super().__init__()
-            self.uses: Counter = Counter()
-            self.bindings: dict[Any, Any] = {}
-
-        def visit_var_binding_(self, binding: Any) -> None:
-            self.bindings[binding.var] = binding.value
-            self.visit_expr(binding.value)
-
-        def visit_var_(self, var: Any) -> None:
-            self.uses[var] += 1
-
-        def visit_dataflow_var_(self, var: Any) -> None:
-            self.uses[var] += 1
 
     @relax.expr_functor.mutator
     class _Padder(relax.PyExprMutator):
@@ -120,7 +94,7 @@ def _padder_class() -> type:
 
         def plan(self, func: Any) -> None:
             """Find the convolutions whose only use is an add of a constant per-channel bias."""
-            counter = _UseCounter()
+            counter = use_counter_class()()
             counter.visit_expr(func)
             self.absorbed, self.skipped = {}, set()
             for var, value in counter.bindings.items():
