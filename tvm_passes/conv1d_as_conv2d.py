@@ -19,9 +19,11 @@ share it), so the conv rules' weight prepacking applies. The (1, k) orientation 
 the output channels fill whole vectors, and faster where they do not (256 -> 250, k 5, 333: 1.9 against 10.9 ms;
 128 -> 300, k 3, 186: 2.0 against 3.3 ms; one interleaved run). Pointwise convolutions whose output channels are not
 a multiple of 8 were slow either way (128 -> 300, k 1, 186: 1.95-2.07 ms against onnxruntime's 0.10-0.11 ms), as 2-D
-ones with such channel counts were; ``tvm_passes.pad_conv_channels`` pads their channels (0.93x onnxruntime). It runs in :func:`tvm_passes.frontend.import_model` (after constant
-folding, before ``tvm_passes.pad_columns``), so the graph, the profiler, the predictors and the executable all see
-the 2-D kernels.
+ones with such channel counts were; ``tvm_passes.pad_conv_channels`` pads their channels (0.93x onnxruntime).
+
+It runs in :func:`tvm_passes.frontend.import_model` after constant folding and
+``tvm_passes.conv_transpose_as_conv`` (whose 1-D output it rewrites too), before the padding rewrites, so the graph,
+the profiler, the predictors and the executable all see the 2-D kernels.
 """
 from __future__ import annotations
 
