@@ -68,7 +68,8 @@ def conv1d_onnx(path: Path, c_in: int, c_out: int, kernel: int, stride: int, dil
              helper.make_node("Relu", ["y"], ["out"])]
     out_length = (length - 1) * stride - 2 * pad + dilation * (kernel - 1) + 1 if transposed \
         else (length + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
-    graph = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, length])],
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, length])
+    graph = helper.make_graph(nodes, "conv1d", [x_info],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, c_out, out_length])],
                               [weight, bias])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])

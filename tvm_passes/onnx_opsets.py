@@ -21,9 +21,9 @@ highest of these and checked again (Upsample becomes Resize-10, itself mismatche
 mismatched converters only below opset 11, so upgrades end at opset 10 or 11.
 
 The 10 -> 11 upgrade leaves Resize-11's default coordinates (``half_pixel``) on nodes that had Resize-10's
-``asymmetric`` ones; ``keep_resize10_coordinates`` restores them on linear nodes. One op form fails in every opset: Resize with ``sizes`` and an empty ``scales`` constant (what torch writes for
-``interpolate(size=...)`` at opsets 11-12). ``omit_empty_resize_scales`` gives the importer a copy that omits the
-empty input.
+``asymmetric`` ones; ``keep_resize10_coordinates`` restores them on linear nodes. One op form fails in every opset:
+Resize with ``sizes`` and an empty ``scales`` constant (what torch writes for ``interpolate(size=...)`` at opsets
+11-12). ``omit_empty_resize_scales`` gives the importer a copy that omits the empty input.
 """
 from __future__ import annotations
 

@@ -36,7 +36,8 @@ def _conv1d_model(path, *, out_channels=16, kernel=3, stride=1, dilation=1, pads
         elif op == "BatchNorm":
             nodes.append(helper.make_node("BatchNormalization", [
                 last, const("g", rng.uniform(0.5, 1.5, out_channels)), const("be", rng.standard_normal(out_channels)),
-                const("mu", rng.standard_normal(out_channels)), const("var", rng.uniform(0.5, 2, out_channels))], [out]))
+                const("mu", rng.standard_normal(out_channels)),
+                const("var", rng.uniform(0.5, 2, out_channels))], [out]))
         elif op == "Clip":
             nodes.append(helper.make_node("Clip", [last, const("lo", 0.0), const("hi", 6.0)], [out]))
         elif op == "Conv":
