@@ -31,7 +31,7 @@ import functools
 import logging
 from typing import Any
 
-from tvm_passes.import_rewrites import apply_rewriter
+from tvm_passes.import_rewrites import apply_rewriter, out_dtype_of
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +127,12 @@ def _rewriter_class() -> type:
             n, c, length = (int(v) for v in data.ty.shape.values)
             rows = self.builder_.emit(relax.op.reshape(data, [n, c, 1, length]), name_hint=f"{name}_input_rows")
             pad_before, pad_after = (int(p) for p in attrs.padding)
-            out_dtype = None if attrs.out_dtype is None or str(attrs.out_dtype) in ("", "void", "None") \
-                else str(attrs.out_dtype)
             self.count += 1
             return self.builder_.emit(relax.op.nn.conv2d(
                 rows, self.weight_2d(weight, name), strides=[1, int(attrs.strides[0])],
                 padding=[0, pad_before, 0, pad_after], dilation=[1, int(attrs.dilation[0])],
                 groups=int(attrs.groups), data_layout="NCHW", kernel_layout="OIHW", out_layout="NCHW",
-                out_dtype=out_dtype), name_hint=f"{name}_rows")
+                out_dtype=out_dtype_of(attrs)), name_hint=f"{name}_rows")
 
         def operand_rows(self, arg: Any, name: str) -> Any | None:
             """``arg`` of an elementwise op on rows, in rows form; None when it has no such form."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tvm_passes.import_rewrites import apply_rewriter
+from tvm_passes.import_rewrites import apply_rewriter, out_dtype_of
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _plan(call: Any) -> dict[str, Any] | None:
     if any(p < 0 for pair in pads for p in pair):
         return None
     return {"weight": value, "strides": strides, "dilation": dilation, "pads": pads, "groups": int(attrs.groups),
-            "shape": data_shape, "out_dtype": attrs.out_dtype}
+            "shape": data_shape, "out_dtype": out_dtype_of(attrs)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -128,10 +128,8 @@ def _rewriter_class() -> type:
             data = self.zero_inserted(self.visit_expr(call.args[0]), plan["shape"], plan["strides"], name)
             weight = relax.const(conv_weight(plan["weight"], plan["groups"]))
             pads = plan["pads"]
-            out_dtype = plan["out_dtype"]
-            out_dtype = None if out_dtype is None or str(out_dtype) in ("", "void", "None") else str(out_dtype)
             conv = relax.op.nn.conv1d(data, weight, strides=1, padding=list(pads[0]), dilation=plan["dilation"],
-                                      groups=plan["groups"], out_dtype=out_dtype)
+                                      groups=plan["groups"], out_dtype=plan["out_dtype"])
             self.count += 1
             self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(conv)))
 

@@ -28,6 +28,12 @@ def apply_rewriter(mod: Any, rewriter: Any) -> tuple[Any, int]:
     return relax.transform.Normalize()(rewriter.builder_.get()), count
 
 
+def out_dtype_of(attrs: Any) -> str | None:
+    """A conv's ``out_dtype`` attribute as the op constructors take it: None when unset (void)."""
+    text = "" if attrs.out_dtype is None else str(attrs.out_dtype)
+    return None if text in ("", "void", "None") else text
+
+
 @functools.lru_cache(maxsize=None)
 def use_counter_class() -> type:
     """A Relax visitor recording each var's binding (``bindings``) and how often it is read (``uses``); made once

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tvm_passes.import_rewrites import apply_rewriter, use_counter_class
+from tvm_passes.import_rewrites import apply_rewriter, out_dtype_of, use_counter_class
 from tvm_passes.pad_columns import COLUMN_MULTIPLE, MIN_COLUMNS, padded_columns
 
 log = logging.getLogger(__name__)
@@ -131,8 +131,7 @@ def _padder_class() -> type:
                 self.visit_expr(conv.args[0]), self.wide_constant(conv.args[1], weight, 0),
                 strides=[int(s) for s in attrs.strides], padding=[int(p) for p in attrs.padding],
                 dilation=[int(d) for d in attrs.dilation], groups=1, data_layout="NCHW", kernel_layout="OIHW",
-                out_layout="NCHW", out_dtype=None if attrs.out_dtype is None
-                or str(attrs.out_dtype) in ("", "void", "None") else str(attrs.out_dtype)),
+                out_layout="NCHW", out_dtype=out_dtype_of(attrs)),
                 name_hint=f"{conv_var.name}_wide")
 
         def rebind(self, var: Any, wide: Any, channels: int) -> None:
