@@ -24,7 +24,8 @@ overridden too, with the same formulas as TVM's; the PrimFunc names are TVM's, s
 
 Every place hetpart legalizes a Relax module uses :func:`legalize_ops` (the CPU pipeline the profiler measures,
 the heterogeneous build, and the fused-kernel grouping of the extractor), so a profiled kernel is the deployed one.
-``log``, ``power``, trigonometric ops, ``softplus`` and ``log_softmax`` still call libm.
+``log``, ``power``, trigonometric ops, ``softplus`` and ``log_softmax`` still call libm. Sort and scan ops, which
+TVM 0.27 legalizes nowhere but in its CUDA pipelines, are legalized by device (:mod:`tvm_passes.sort_scan`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from typing import Callable
 
 import tvm
 from tvm import relax, te, tirx, topi
+
+from tvm_passes.sort_scan import SORT_SCAN_LEGALIZATIONS
 
 FAST_DTYPES = frozenset({"float32"})
 
@@ -104,10 +107,12 @@ LEGALIZE_OVERRIDES = {
 
 def legalize_ops() -> tvm.transform.Pass:
     """``relax.transform.LegalizeOps`` with hetpart's overrides (:data:`LEGALIZE_OVERRIDES`), every op's
-    legalization memoized per module (:mod:`tvm_passes.legalize_cache`)."""
+    legalization memoized per module (:mod:`tvm_passes.legalize_cache`), and the sort and scan ops TVM 0.27
+    legalizes nowhere else (:data:`tvm_passes.sort_scan.SORT_SCAN_LEGALIZATIONS`)."""
     from tvm_passes.legalize_cache import memoized_legalize_map
 
-    return relax.transform.LegalizeOps(customize_legalize_map=memoized_legalize_map(dict(LEGALIZE_OVERRIDES)))
+    return relax.transform.LegalizeOps(customize_legalize_map=memoized_legalize_map(
+        {**LEGALIZE_OVERRIDES, **SORT_SCAN_LEGALIZATIONS}))
 
 
 def with_hetpart_legalization(passes: list[tvm.transform.Pass]) -> list[tvm.transform.Pass]:
