@@ -15,6 +15,12 @@ Additionally ``Upsample`` is always mismatched: its only converter (``_impl_v9``
 attribute and rounds nearest-neighbour indices instead of flooring them (measured: 2.1 max abs error against
 onnxruntime for scales 1,1,2,3); the version converter replaces it by Resize, which TVM converts correctly.
 
+A node is also mismatched when an ``axis``/``axes`` attribute counts from the end (``-1``) below opset 11, where
+ONNX first allowed that, and TVM picks a converter written before it (``ArgMax._impl_v1`` asserts "Axis is out of
+bounds"). torch writes ``dim=-1`` that way at every opset and onnxruntime accepts it; such a node needs opset 11
+(``Mismatch.legal_opset``). If ``onnx.version_converter`` cannot upgrade a model whose only mismatches are of this
+kind, the model is imported as it is, with a warning.
+
 When a model has mismatched nodes it is upgraded to the *lowest* opset at which none remain (``upgrade_for_tvm``):
 each mismatched op type names the lowest opset whose form matches its converter; the model is converted to the
 highest of these and checked again (Upsample becomes Resize-10, itself mismatched until Resize-11). TVM 0.27 has
@@ -43,6 +49,8 @@ DEFAULT_DOMAINS = ("", "ai.onnx")
 FIX_OPSET = 13   # the opset error messages suggest: most TVM 0.27 converters are _impl_v13, none mismatched there
 MAX_UPGRADE_ROUNDS = 4
 RESIZE_COORDINATES_OPSET = 11   # Resize gained coordinate_transformation_mode (default half_pixel) here
+NEGATIVE_AXES_OPSET = 11        # axis/axes attributes may count from the end from here on
+AXIS_ATTRIBUTES = ("axis", "axes")
 # converters that do not implement the op form they are named for, whatever the opset (see the module docstring)
 BROKEN_CONVERTERS: Mapping[str, str] = {
     "Upsample": "TVM 0.27's only Upsample converter reads the opset-7 'scales' attribute and rounds "
@@ -59,6 +67,7 @@ class Mismatch:
     op_version: int          # since_version of the node's op at the model's opset
     converter_version: int   # the N of the _impl_vN TVM picks
     reason: str
+    legal_opset: int | None = None   # set when the node's own values need this opset (negative axes), not its form
 
     def describe(self) -> str:
         return (f"TVM 0.27 would convert {self.op_type}-{self.op_version} node {self.node_name!r} with "
@@ -189,7 +198,31 @@ def find_mismatches(model: Any, convert_map: Mapping[str, Any]) -> list[Mismatch
         found = by_op_type[node.op_type]
         if found is not None:
             out.append(Mismatch(node.op_type, node_label(node), *found))
+        elif opset < NEGATIVE_AXES_OPSET:
+            negative = _negative_axes(node, opset, convert_map[node.op_type])
+            if negative is not None:
+                out.append(Mismatch(node.op_type, node_label(node), *negative, legal_opset=NEGATIVE_AXES_OPSET))
     return out
+
+
+def _negative_axes(node: Any, opset: int, convert_class: Any) -> tuple[int, int, str] | None:
+    """(op version, converter version, reason) when ``node`` counts an axis from the end and TVM would convert it
+    with a converter written before ONNX allowed that (opset 11): torch writes ``dim=-1`` as ``axis=-1`` at every
+    opset and onnxruntime accepts it, but e.g. TVM's ArgMax-1 converter asserts "Axis is out of bounds"."""
+    from onnx import helper
+
+    versions = converter_versions(convert_class)
+    if not versions or picked_converter_version(versions, opset) >= NEGATIVE_AXES_OPSET:
+        return None
+    for attr in node.attribute:
+        if attr.name in AXIS_ATTRIBUTES:
+            value = helper.get_attribute_value(attr)
+            if any(v < 0 for v in (value if isinstance(value, list) else [value])):
+                schema = _schema(node.op_type, opset)
+                return ((schema.since_version if schema is not None else opset),
+                        picked_converter_version(versions, opset),
+                        f"{attr.name}={value} counts from the end, which ONNX allows from opset {NEGATIVE_AXES_OPSET}")
+    return None
 
 
 def _op_mismatch(op_type: str, opset: int, convert_class: Any) -> tuple[int, int, str] | None:
@@ -263,7 +296,10 @@ def upgrade_for_tvm(model: Any, convert_map: Mapping[str, Any], model_label: str
     motivating = tuple(f"{op} x{n}" for op, n in sorted(counts.items()))
     upgraded, current = model, opset
     for _ in range(MAX_UPGRADE_ROUNDS):
-        targets = {m.op_type: lowest_matching_opset(m.op_type, current, convert_map) for m in mismatches}
+        targets = {m.op_type: lowest_matching_opset(m.op_type, current, convert_map) for m in mismatches
+                   if m.legal_opset is None}
+        targets.update({m.op_type: max(m.legal_opset, targets.get(m.op_type) or 0) for m in mismatches
+                        if m.legal_opset is not None})
         stuck = [m for m in mismatches if targets[m.op_type] is None]
         if stuck:
             first = stuck[0]
@@ -278,6 +314,12 @@ def upgrade_for_tvm(model: Any, convert_map: Mapping[str, Any], model_label: str
         try:
             upgraded = version_converter.convert_version(model, target)
         except Exception as exc:
+            if current == opset and all(m.legal_opset is not None for m in mismatches):
+                # only axes counted from the end: TVM may still convert them; its own error names the node if not
+                log.warning("%s: onnx.version_converter could not upgrade the model to opset %d (%s: %s); importing "
+                            "it at opset %s, where %s", model_label, target, type(exc).__name__, _first_line(exc),
+                            opset, mismatches[0].describe())
+                return model, None
             first = mismatches[0]
             raise ModelLoadError(
                 f"{model_label}: {first.describe()} at model opset {opset}, and onnx.version_converter failed to "

@@ -75,6 +75,20 @@ CASES = {
     "resize_sizes_empty_scales_opset13": (13, [N("Resize", ["x", "", "sc", "sz"], ["y"], mode="nearest")],
                                           (1, 2, 3, 4), (_const("sc", np.zeros(0), np.float32),
                                                          _const("sz", [1, 2, 6, 8], np.int64)), ("y",), None),
+    # axes counted from the end below opset 11 (torch writes dim=-1 so): TVM's ArgMax-1 converter asserted; the ops
+    # whose picked converter predates opset 11 are upgraded to 11, the others are imported as they are
+    "argmax_negative_axis_opset9": (9, [N("ArgMax", ["x"], ["idx"], axis=-1, keepdims=0, name="am")], (2, 3, 5), (),
+                                    ("idx",), 11),
+    "argmin_negative_axis_opset7": (7, [N("ArgMin", ["x"], ["idx"], axis=-2, name="am")], (2, 3, 5), (), ("idx",),
+                                    11),
+    "softmax_split_negative_axis_opset9": (9, [N("LogSoftmax", ["x"], ["a"], axis=-1),
+                                               N("Split", ["a"], ["y0", "y1"], axis=-1, split=[2, 3])],
+                                           (2, 3, 5), (), ("y0", "y1"), 11),
+    "squeeze_unsqueeze_negative_opset9": (9, [N("Squeeze", ["x"], ["a"], axes=[-2]),
+                                              N("Unsqueeze", ["a"], ["y"], axes=[-1])], (2, 1, 3), (), ("y",), 11),
+    "concat_reduce_negative_opset9": (9, [N("Concat", ["x", "x"], ["a"], axis=-1),
+                                          N("ReduceMean", ["a"], ["y"], axes=[-1], keepdims=1)], (2, 3, 4), (),
+                                      ("y",), None),
     # TopK-10 takes K as an input; TVM's _impl_v1 would read the k attribute and silently return the top 1
     "topk_opset10": (10, [N("TopK", ["x", "k"], ["y", "idx"], axis=-1, name="tk")], (2, 5),
                      (_const("k", [3], np.int64),), ("y", "idx"), 11),
