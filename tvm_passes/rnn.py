@@ -4,7 +4,8 @@ TVM 0.27 has no converter for these ops. :func:`install_onnx_rnn_converters` reg
 ``onnx_frontend._get_convert_map`` (the importer looks the map up for every node). Supported: direction
 forward / reverse / bidirectional, optional ``B``, ``initial_h``, ``initial_c`` and LSTM peepholes ``P``,
 ``layout`` 0 and 1, GRU ``linear_before_reset`` 0 and 1, ``sequence_lens`` absent or a constant equal to the
-full sequence length for every batch entry, default activations only. Anything else raises
+full sequence length for every batch entry, any ONNX activations (``activations``, ``activation_alpha`` /
+``activation_beta``) and ``clip`` (:mod:`tvm_passes.rnn_activations`). Anything else raises
 :class:`hetpart.errors.UnsupportedOpError` naming the node, the attribute and what is supported.
 
 **Tags.** Relax bindings have no attributes, so every binding a converter emits gets a var name that encodes
@@ -49,6 +50,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
 from hetpart.partition.slices import parse_rnn_tag
+from tvm_passes.rnn_activations import DEFAULT_ACTIVATIONS, CellActivations, activation_problems, cell_activations
 from tvm_passes.rnn_cells import CELL_STEPS, GATE_COUNT, Emitter, cell_weights, rnn_tag_name
 from tvm_passes.rnn_slices import (InputSlices, RnnImportOptions, StepSequence, current_options,
                                    register_sequence, rnn_import_options, stack_steps)
@@ -60,7 +62,6 @@ __all__ = ["DEFAULT_ACTIVATIONS", "GATE_COUNT", "RNN_OP_TYPES", "RnnImportOption
            "rnn_tag_name"]
 
 RNN_OP_TYPES = ("LSTM", "GRU", "RNN")
-DEFAULT_ACTIVATIONS = {"LSTM": ("sigmoid", "tanh", "tanh"), "GRU": ("sigmoid", "tanh"), "RNN": ("tanh",)}
 _DIRECTIONS = ("forward", "reverse", "bidirectional")
 _LAYER_COUNTER_ATTR = "_hetpart_rnn_layers_converted"
 
@@ -79,22 +80,12 @@ def attribute_problems(op_type: str, node_name: str, attrs: dict) -> list[str]:
     num_dirs = 2 if direction == "bidirectional" else 1
     if int(attrs.get("layout", 0)) not in (0, 1):
         problems.append(f"{where}: layout={attrs['layout']} is not supported; supported: 0 or 1")
-    if "clip" in attrs:
-        problems.append(f"{where}: clip={attrs['clip']} is not supported; supported: no 'clip' attribute "
-                        "(re-export without cell clipping)")
     if op_type == "LSTM" and int(attrs.get("input_forget", 0)) != 0:
         problems.append(f"{where}: input_forget={attrs['input_forget']} is not supported; supported: 0")
     if op_type == "GRU" and int(attrs.get("linear_before_reset", 0)) not in (0, 1):
         problems.append(f"{where}: linear_before_reset={attrs['linear_before_reset']} is not valid; "
                         "supported: 0 or 1")
-    if "activations" in attrs:
-        found = tuple(_text(a).lower() for a in attrs["activations"])
-        expected = DEFAULT_ACTIVATIONS[op_type] * num_dirs
-        if found != expected:
-            problems.append(f"{where}: activations={found} is not supported; supported: the defaults "
-                            f"{expected} (per direction)")
-    # activation_alpha / activation_beta have no effect on Sigmoid and Tanh, so they are accepted.
-    return problems
+    return problems + activation_problems(op_type, where, attrs, num_dirs)
 
 
 def find_unsupported_rnn_nodes(model: onnx.ModelProto) -> list[str]:
@@ -125,6 +116,7 @@ class _RnnSpec:
     reversed_dirs: tuple[bool, ...]   # one entry per ONNX direction index
     linear_before_reset: bool
     dtype: str
+    activations: tuple[CellActivations, ...]   # one entry per ONNX direction index
 
     @property
     def time_axis(self) -> int:
@@ -179,7 +171,8 @@ def _parse_spec(op_type: str, inputs, attrs: dict, params) -> _RnnSpec:
     return _RnnSpec(op_type=op_type, node_name=node_name, hidden=hidden, seq_len=seq_len, batch=batch,
                     layout=layout, reversed_dirs=reversed_dirs,
                     linear_before_reset=bool(int(attrs.get("linear_before_reset", 0))),
-                    dtype=str(inputs[0].ty.dtype))
+                    dtype=str(inputs[0].ty.dtype),
+                    activations=cell_activations(op_type, attrs, len(reversed_dirs)))
 
 
 def _initial_state(emit: Emitter, spec: _RnnSpec, state: relax.Expr | None, d: int, what: str) -> relax.Expr:
@@ -250,7 +243,7 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
             rows, first_time = _step_rows(emit, project(x_slices(emit, lo, hi, d)), spec.time_axis), lo
         emit.step = step
         time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
-        h, c = CELL_STEPS[spec.op_type](emit, weights, rows[time - first_time], h, c)
+        h, c = CELL_STEPS[spec.op_type](emit, weights, rows[time - first_time], h, c, spec.activations[d])
         outputs[time] = h
     emit.step = "out"
     y = stack_steps(emit, outputs, spec.time_axis, "y_dir")

@@ -12,6 +12,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_passes.rnn_activations import CellActivations
+
 GATE_COUNT = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
 
@@ -109,8 +111,9 @@ def _gate(emit: Emitter, tensor: relax.Expr, k: int, hidden: int, what: str) -> 
     return emit(relax.op.strided_slice(tensor, axes=[1], begin=[k * hidden], end=[(k + 1) * hidden]), what)
 
 
-def _lstm_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
-    """ONNX LSTM, gate order i, o, f, c; peepholes P_i, P_f see C_{t-1} and P_o sees C_t."""
+def _lstm_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr, act: CellActivations):
+    """ONNX LSTM, gate order i, o, f, c; peepholes P_i, P_f see C_{t-1} and P_o sees C_t. Activations: f for the
+    gates (sigmoid by default), g for the candidate and h for the cell output (tanh)."""
     op = relax.op
     gates = emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "gates")
     hidden = _columns(gates) // 4
@@ -119,16 +122,19 @@ def _lstm_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: r
         p_i, p_o, p_f = w.peepholes
         g_i = emit(op.add(g_i, emit(op.multiply(p_i, c), "pi_c")), "gi_peep")
         g_f = emit(op.add(g_f, emit(op.multiply(p_f, c), "pf_c")), "gf_peep")
-    i, f, cand = emit(op.sigmoid(g_i), "i"), emit(op.sigmoid(g_f), "f"), emit(op.tanh(g_c), "cand")
+    i, f = act.gate(emit, act.f, g_i, "i"), act.gate(emit, act.f, g_f, "f")
+    cand = act.gate(emit, act.g, g_c, "cand")
     c_new = emit(op.add(emit(op.multiply(f, c), "fc"), emit(op.multiply(i, cand), "ic")), "c")
     if w.peepholes is not None:
         g_o = emit(op.add(g_o, emit(op.multiply(w.peepholes[1], c_new), "po_c")), "go_peep")
-    o = emit(op.sigmoid(g_o), "o")
-    return emit(op.multiply(o, emit(op.tanh(c_new), "tanh_c")), "h"), c_new
+    o = act.gate(emit, act.f, g_o, "o")
+    assert act.h is not None
+    return emit(op.multiply(o, act.h.apply(emit, c_new, "tanh_c")), "h"), c_new
 
 
-def _gru_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
-    """ONNX GRU, gate order z, r, h; H_t = (1 - z) * h~ + z * H_{t-1}, computed as h~ + z * (H_{t-1} - h~)."""
+def _gru_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr, act: CellActivations):
+    """ONNX GRU, gate order z, r, h; H_t = (1 - z) * h~ + z * H_{t-1}, computed as h~ + z * (H_{t-1} - h~).
+    Activations: f for z and r (sigmoid by default), g for h~ (tanh)."""
     op = relax.op
     if w.r_h_t is None:  # linear_before_reset=1
         # One cell kernel reads every gate, so FuseOps fuses a split into it, and a split is fewer ops than slices:
@@ -145,20 +151,20 @@ def _gru_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: re
         x_z, x_r, x_h = (_gate(emit, x, k, hidden, name) for k, name in enumerate(("xz", "xr", "xh")))
         hr = emit(op.matmul(h, w.r_t), "hr")
         h_z, h_r = (_gate(emit, hr, k, hidden, name) for k, name in enumerate(("hz", "hr_r")))
-    z = emit(op.sigmoid(emit(op.add(x_z, h_z), "z_pre")), "z")
-    r = emit(op.sigmoid(emit(op.add(x_r, h_r), "r_pre")), "r")
+    z = act.gate(emit, act.f, emit(op.add(x_z, h_z), "z_pre"), "z")
+    r = act.gate(emit, act.f, emit(op.add(x_r, h_r), "r_pre"), "r")
     if w.r_h_t is None:
         reset = emit(op.multiply(r, h_h), "r_hh")
     else:
         reset = emit(op.matmul(emit(op.multiply(r, h), "r_h"), w.r_h_t), "r_h_proj")
-    cand = emit(op.tanh(emit(op.add(x_h, reset), "cand_pre")), "cand")
+    cand = act.gate(emit, act.g, emit(op.add(x_h, reset), "cand_pre"), "cand")
     return emit(op.add(cand, emit(op.multiply(z, emit(op.subtract(h, cand), "h_cand")), "z_h_cand")), "h"), c
 
 
-def _rnn_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr):
-    """ONNX RNN: H_t = tanh(x W^T + H_{t-1} R^T + Wb + Rb)."""
+def _rnn_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr, act: CellActivations):
+    """ONNX RNN: H_t = f(x W^T + H_{t-1} R^T + Wb + Rb), f tanh by default."""
     op = relax.op
-    return emit(op.tanh(emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "pre")), "h"), c
+    return act.gate(emit, act.f, emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "pre"), "h"), c
 
 
 CELL_STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}

@@ -161,12 +161,45 @@ def test_install_is_idempotent():
     assert all(op in patched() for op in RNN_OP_TYPES)
 
 
+# activations and clip as other exporters write them: torch's nn.RNN(nonlinearity="relu"), Keras LSTMs with a
+# hard-sigmoid recurrent activation (tf2onnx), and every other ONNX activation with and without its parameters
+ACTIVATION_CASES = [
+    ("RNN", dict(seq=5, extra_attrs={"activations": ["Relu"]})),
+    ("RNN", dict(seq=4, direction="bidirectional", extra_attrs={"activations": ["Relu", "Tanh"]})),
+    ("LSTM", dict(seq=5, extra_attrs={"activations": ["HardSigmoid", "Tanh", "Tanh"]})),
+    ("LSTM", dict(seq=4, direction="bidirectional", peephole=True,
+                  extra_attrs={"activations": ["HardSigmoid", "Tanh", "Softsign", "Sigmoid", "Elu", "Tanh"],
+                               "activation_alpha": [0.3, 0.7], "activation_beta": [0.4]})),
+    ("GRU", dict(seq=5, linear_before_reset=1, extra_attrs={"activations": ["Sigmoid", "LeakyRelu"],
+                                                            "activation_alpha": [0.2]})),
+    ("GRU", dict(seq=4, extra_attrs={"activations": ["HardSigmoid", "ScaledTanh"],
+                                     "activation_alpha": [0.25, 1.5], "activation_beta": [0.45, 0.8]})),
+    ("RNN", dict(seq=4, num_layers=2, extra_attrs={"activations": ["Affine"], "activation_alpha": [0.5],
+                                                   "activation_beta": [0.1]})),
+    ("RNN", dict(seq=4, extra_attrs={"activations": ["ThresholdedRelu"], "activation_alpha": [0.1]})),
+    ("RNN", dict(seq=4, extra_attrs={"activations": ["Softplus"]})),
+    ("LSTM", dict(seq=6, num_layers=2, extra_attrs={"clip": 0.4}, weight_range=1.5)),
+    ("GRU", dict(seq=6, linear_before_reset=0, extra_attrs={"clip": 0.3}, weight_range=1.5)),
+    ("RNN", dict(seq=6, extra_attrs={"clip": 0.5, "activations": ["Relu"]}, weight_range=1.5)),
+]
+
+
+@pytest.mark.parametrize("op_type,kwargs", ACTIVATION_CASES,
+                         ids=[f"{t}-{'-'.join(map(str, k['extra_attrs'].get('activations', ['clip'])))}-{i}"
+                              for i, (t, k) in enumerate(ACTIVATION_CASES)])
+def test_activations_and_clip_match_onnxruntime(op_type, kwargs):
+    model, _ = build_rnn_model(op_type, **kwargs)
+    assert find_unsupported_rnn_nodes(model) == []
+    _assert_matches_onnxruntime(op_type, **kwargs)
+
+
 @pytest.mark.parametrize("op_type,extra,expected", [
-    ("LSTM", {"clip": 3.0}, r"LSTM node 'lstm_0': clip=3.0 is not supported"),
+    ("LSTM", {"clip": 0.0}, r"LSTM node 'lstm_0': clip=0.0 must be a positive threshold"),
     ("LSTM", {"input_forget": 1}, r"LSTM node 'lstm_0': input_forget=1 is not supported; supported: 0"),
-    ("GRU", {"activations": ["Sigmoid", "Relu"]}, r"GRU node 'gru_0': activations=\('sigmoid', 'relu'\) is "
-                                                  r"not supported; supported: the defaults"),
-    ("RNN", {"activations": ["Relu"]}, r"RNN node 'rnn_0': activations=\('relu',\)"),
+    ("GRU", {"activations": ["Sigmoid", "Swish"]}, r"GRU node 'gru_0': activations \['swish'\] are not ONNX "
+                                                   r"RNN activations; supported: \['affine'"),
+    ("RNN", {"activations": ["Relu", "Tanh"]}, r"RNN node 'rnn_0': 2 activations given, but a RNN with 1 "
+                                               r"direction\(s\) takes 1"),
 ])
 def test_unsupported_attributes_raise(op_type, extra, expected):
     model, _ = build_rnn_model(op_type, seq=2, extra_attrs=extra)
@@ -199,7 +232,7 @@ def test_symbolic_sequence_length_raises():
 
 
 def test_find_unsupported_rnn_nodes_lists_every_problem():
-    model, _ = build_rnn_model("LSTM", seq=2, num_layers=2, extra_attrs={"clip": 1.0, "input_forget": 1})
+    model, _ = build_rnn_model("LSTM", seq=2, num_layers=2, extra_attrs={"clip": -1.0, "input_forget": 1})
     problems = find_unsupported_rnn_nodes(model)
     assert len(problems) == 4
     assert {p.split(":")[0] for p in problems} == {"LSTM node 'lstm_0'", "LSTM node 'lstm_1'"}
