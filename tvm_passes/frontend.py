@@ -38,6 +38,7 @@ import numpy as np
 from hetpart.errors import MissingInputShapeError, ModelLoadError, UnsupportedOpError
 from hetpart.graph import TensorSpec
 from tvm_passes import onnx_opsets
+from tvm_passes.bindings import first_data_dependent_binding
 from tvm_passes.constant_folding import fold_constants
 from tvm_passes.conv1d_as_conv2d import conv1d_as_conv2d
 from tvm_passes.conv_transpose_as_conv import conv_transpose_as_conv
@@ -252,7 +253,7 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
             onnx.save(slim, str(tmp))
             tmp.replace(slim_path)
     return ImportedModel(
-        mod=_normalize(mod), name=name or path.stem,
+        mod=_normalize(mod, path.name), name=name or path.stem,
         inputs=tuple(TensorSpec(n, bound[n], dtypes[n]) for n, _, _ in inputs),
         output_names=tuple(o.name for o in slim.graph.output), source_hash=digest, source_kind="onnx",
         param_inputs=param_inputs, onnx_path=slim_path, notes=(upgrade.note(),) if upgrade is not None else ())
@@ -306,18 +307,27 @@ def _import_torch(module, example_inputs: Sequence[Any], name: str | None) -> Im
     for tensor in list(module.state_dict().values()):
         h.update(np.ascontiguousarray(tensor.detach().cpu().numpy()).tobytes()[:4096])
     h.update(repr([s.shape for s in specs]).encode())
-    return ImportedModel(mod=_normalize(mod), name=name or type(module).__name__, inputs=specs,
+    return ImportedModel(mod=_normalize(mod, type(module).__name__), name=name or type(module).__name__, inputs=specs,
                          output_names=(), source_hash=h.hexdigest()[:16], source_kind="torch")
 
 
 # --------------------------------------------------------------------------------------------------- common
-def _normalize(mod):
+def _normalize(mod, label: str):
     from tvm import relax
 
     # constant-only work (weight transposes, take/shape_of of a constant, ...): the deployment pipeline folds it
     # too (FoldConstant before FuseOps), so the OpGraph must not count it as kernels
-    mod = fold_constants(mod)
-    return relax.transform.Normalize()(mod)
+    mod = relax.transform.Normalize()(fold_constants(mod))
+    dynamic = first_data_dependent_binding(mod["main"])
+    if dynamic is not None:
+        value = dynamic.value
+        what = value.op.name.removeprefix("relax.") if isinstance(value, relax.Call) and hasattr(value.op, "name") \
+            else type(value).__name__
+        raise UnsupportedOpError(
+            f"{label}: {what} (binding {dynamic.var.name!r}) makes a tensor of type {dynamic.var.ty} whose size "
+            "depends on the input values; hetpart plans and compiles static shapes only: end the model before "
+            "this op (ops such as NonZero, NonMaxSuppression or Unique) and run the rest after hetpart's output")
+    return mod
 
 
 def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mapping[str, Sequence[int]] | None = None,

@@ -147,3 +147,20 @@ def test_torch_module_needs_example_inputs():
 def test_other_objects_are_rejected():
     with pytest.raises(ModelLoadError, match="cannot import a int"):
         import_model(42)
+
+
+def test_data_dependent_shape_is_named_with_the_fix(tmp_path):
+    """NonZero's output size depends on the input values: binding input shapes cannot make it static, so the
+    error must not advise that (it did: "bind input shapes (--input-shape NAME=DIMS)")."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["y"])],
+                              "nz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    path = onnx_builders.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+                              tmp_path / "nonzero.onnx")
+    with pytest.raises(UnsupportedOpError) as info:
+        import_model(path)
+    message = str(info.value)
+    assert message.startswith("nonzero.onnx: nonzero (binding") and "depends on the input values" in message
+    assert "end the model before this op" in message and "--input-shape" not in message and "\n" not in message
