@@ -73,6 +73,24 @@ def test_sort_scan_numerics_on_cpu_and_emulated_gpu(device):
     plan = Plan(device_of=(device,) * n_ops, order=tuple(range(n_ops)), devices=("cpu", "gpu"), method="test")
     result = build(AnnotateDevicePlacement(plan, DEVICES)(mod), DEVICES, emulate_gpu=True)
     check(result.run(X), expected(X))
+    assert result.cpu_schedules_applied      # the rules leave TOPI's hand-written loops alone
+
+
+def test_rules_leave_hand_written_primfuncs_alone(caplog):
+    """TOPI writes these kernels as one opaque block (a scan loop, a call into tvm.contrib.sort): every CPU rule
+    failed on them with a warning ("get-block") before the rules skipped such PrimFuncs."""
+    from tvm_passes.schedules import default_cpu_target
+    from tvm_passes.schedules.base import apply_first_rule, is_hand_written
+    from tvm_passes.schedules.pipeline import default_rules
+
+    legal = legalize_ops()(sort_scan_module())
+    kernels = {gv.name_hint: f for gv, f in legal.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert {"cumsum", "cumprod", "sort", "argsort", "topk"} <= set(kernels)
+    with caplog.at_level("WARNING"):
+        for func in kernels.values():
+            assert is_hand_written(func)
+            assert apply_first_rule(func, default_cpu_target(), default_rules()) is None
+    assert not caplog.records
 
 
 def test_sort_scan_become_cuda_kernels(nvcc_path):

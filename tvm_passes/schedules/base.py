@@ -210,8 +210,18 @@ def inline_injective_producers(sch: s_tir.Schedule, keep: set[str], max_growth_n
     return too_large
 
 
+def is_hand_written(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is one opaque block written by TOPI's ir_builder or ``te.extern`` (a scan loop, a call into
+    ``tvm.contrib.sort``) rather than a tree of compute blocks under a root block: no rule can schedule it."""
+    body = func.body
+    return isinstance(body, s_tir.SBlockRealize) and body.block.name_hint != "root"
+
+
 def apply_first_rule(func: tirx.PrimFunc, target: Target, rules: list[CpuRule]) -> tirx.PrimFunc | None:
-    """Schedule ``func`` with the first rule that applies and succeeds; None when none does."""
+    """Schedule ``func`` with the first rule that applies and succeeds; None when none does (or ``func`` is
+    :func:`is_hand_written`: it keeps the loops it was written with)."""
+    if is_hand_written(func):
+        return None
     for rule in rules:
         try:
             sch = rule.apply(func, target)
