@@ -340,7 +340,7 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
     are unrolled, e.g. ``RnnImportOptions(input_projection="per_slice", slice_steps=4)``.
 
     ``pad_columns=False`` keeps matmuls against constant weights as written instead of padding their columns to
-    whole SIMD vectors (``tvm_passes.pad_columns``), and pointwise convolutions' output channels likewise
+    whole SIMD vectors (``tvm_passes.pad_columns``), and convolutions' output channels likewise
     (``tvm_passes.pad_conv_channels``; for comparisons -- the padded graph is what hetpart deploys).
     """
     shapes = parse_input_shapes(input_shapes)
@@ -366,7 +366,7 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
     if not pad_columns:
         return imported
     imported = _rewritten(imported, pad_conv_channels, lambda n: (
-        f"padded the output channels of {n} pointwise convolution(s) to a multiple of {COLUMN_MULTIPLE} (whole SIMD "
+        f"padded the output channels of {n} convolution(s) to a multiple of {COLUMN_MULTIPLE} (whole SIMD "
         "vectors; tvm_passes.pad_conv_channels)"))
     # after folding: weight transposes are constants by now
     return _rewritten(imported, pad_matmul_columns, lambda n: (

@@ -1,19 +1,25 @@
-"""Pad the output channels of pointwise convolutions to whole SIMD vectors when they are not a multiple of 8.
+"""Pad the output channels of convolutions to whole SIMD vectors when they are not a multiple of 8.
 
 hetpart's conv rules vectorise a convolution over its output channels (weights prepacked output-channel-innermost)
-when those fill whole or half registers, else over the columns of the output rows. A pointwise (1x1) convolution
-with, say, 300 output channels on a row of 186 columns (an x-vector's 128 -> 300 layer, a 1-D conv seen as a 1 x L
-map) gets neither: 300 is no multiple of 8 and 186 has no divisor near the vector width, and it ran 18.8x behind
-onnxruntime (1.95 against 0.10 ms; ``benchmarks/results/conv1d_rewrite/``). Zero-padded to 304 channels it ran at
-0.93x onnxruntime's time (``TVM_NUM_THREADS=2 python benchmarks/conv1d_rewrite.py --rounds 7``). In one interleaved
-comparison of padded against unpadded single convolutions, pointwise ones with 255 channels (a YOLO head) on 52x52
-and 13x13 maps ran 0.95x and 0.88x their unpadded time, 250 channels on 1 x 333 1.04x.
+when those fill whole or half registers, else over the columns of the output rows. Column vectors do badly in most
+shapes: a pointwise (1x1) convolution with 300 output channels on a row of 186 columns (an x-vector's 128 -> 300
+layer) ran 18.8x behind onnxruntime, and spatial ones worse -- a 3x3 conv 64 -> 100 channels on 56x56 ran 17.4 ms
+against onnxruntime's 2.8, a conv-STFT front end (1 -> 130 channels, kernel 128, stride 64, a (1, k) conv after
+``conv1d_as_conv2d``) 0.74 against 0.08 ms, and strided convs read their columns with gathers.
 
-This pass rewrites such a convolution (constant ``[O, I, 1, 1]`` weight, ``O`` at least 33 and not a multiple of
-8) at import time to one against the zero-padded weight (and zero-padded bias, when a constant bias add is its only
-consumer) followed by ``strided_slice`` back to ``O`` channels; the slice fuses into the consumers. Results are
-bit-identical: the padded channels are computed from zero weights and sliced away. Spatial convolutions are left as
-they are: padded, 3x3 convolutions with 100 or 20 output channels measured 1.1x slower.
+This pass rewrites such a convolution (constant ``[O, I, kh, kw]`` weight, ``groups=1``, ``O`` at least 33 and not a
+multiple of 8) at import time to one against the zero-padded weight (and zero-padded bias, when a constant bias add
+is its only consumer) followed by ``strided_slice`` back to ``O`` channels; the slice fuses into the consumers.
+Results are bit-identical: the padded channels are computed from zero weights and sliced away.
+
+Measured (``TVM_NUM_THREADS=2 python benchmarks/conv_channel_padding.py``, one process, blocks of 5 calls, median of
+7 rounds, Zen 4; ``benchmarks/results/conv_channel_padding/``), 14 such convs and a control: padded ran a median
+0.12x their unpadded time -- 3x3 convs with 36-100 channels on 56x56 and 64x64 maps 0.10-0.13x, strided, STFT and
+pointwise ones 0.03-0.12x -- and 0.92x onnxruntime's (worst 3.0x, a (5, 1) conv over a 512 x 1 map, one output
+column per row). Where column vectors already did well (28x28, 7x7 and 13x13 maps) padding cost at most 1.05x (36
+channels padded to 48 on 28x28, 0.60x onnxruntime's time); the control (200 channels, not padded) moved 1.00x. An
+earlier run of the same benchmark gave a median of 0.14x, 0.86x onnxruntime's. Fewer than 33 channels are left as
+they are: in a first trial 20 and 12 channels padded to 32 and 16 gained nothing measurable (0.89-0.95x).
 """
 from __future__ import annotations
 
@@ -38,8 +44,8 @@ def _padded_channels(channels: int) -> int:
     return padded_columns(channels, COLUMN_MULTIPLE)
 
 
-def _pointwise_weight(value: Any) -> np.ndarray | None:
-    """The constant [O, I, 1, 1] weight of a conv2d call this pass pads, else None."""
+def _paddable_weight(value: Any) -> np.ndarray | None:
+    """The constant [O, I, kh, kw] weight of a conv2d call this pass pads, else None."""
     import tvm
 
     if not (hasattr(value, "op") and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.nn.conv2d"):
@@ -49,7 +55,7 @@ def _pointwise_weight(value: Any) -> np.ndarray | None:
             or int(attrs.groups) != 1 or not isinstance(value.args[1], tvm.ir.GenericConst):
         return None
     weight = value.args[1].value.numpy()
-    if weight.ndim != 4 or weight.shape[2:] != (1, 1) or weight.dtype.kind != "f" or weight.shape[0] < MIN_COLUMNS:
+    if weight.ndim != 4 or weight.dtype.kind != "f" or weight.shape[0] < MIN_COLUMNS:
         return None
     return weight if _padded_channels(weight.shape[0]) != weight.shape[0] else None
 
@@ -68,10 +74,10 @@ def _channel_bias(value: Any, channels: int) -> np.ndarray | None:
 
 
 def pad_conv_channels(mod: Any) -> tuple[Any, int]:
-    """(module with every such pointwise convolution padded, number padded)."""
+    """(module with every such convolution padded, number padded)."""
     mod, count = apply_rewriter(mod, _padder_class()(mod))
     if count:
-        log.info("padded the output channels of %d pointwise convolution(s) to whole vectors", count)
+        log.info("padded the output channels of %d convolution(s) to whole vectors", count)
     return mod, count
 
 
@@ -103,7 +109,7 @@ def _padder_class() -> type:
                 for conv_index in (0, 1):
                     conv_var, bias_expr = value.args[conv_index], value.args[1 - conv_index]
                     conv = counter.bindings.get(conv_var)
-                    weight = None if conv is None else _pointwise_weight(conv)
+                    weight = None if conv is None else _paddable_weight(conv)
                     if weight is None or counter.uses[conv_var] != 1:
                         continue
                     bias = _channel_bias(bias_expr, weight.shape[0])
@@ -150,7 +156,7 @@ def _padder_class() -> type:
                 added = relax.op.add(wide_bias, product) if bias_first else relax.op.add(product, wide_bias)
                 self.rebind(var, self.builder_.emit(added, name_hint=f"{var.name}_wide"), weight.shape[0])
                 return
-            weight = _pointwise_weight(value)
+            weight = _paddable_weight(value)
             if weight is not None:
                 self.rebind(var, self.padded(var, value, weight), weight.shape[0])
                 return

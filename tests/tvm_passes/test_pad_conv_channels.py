@@ -1,4 +1,4 @@
-"""Pointwise convolutions with output channels not in whole vectors are padded at import: which, and numerics."""
+"""Convolutions with output channels not in whole vectors are padded at import: which, and numerics."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,15 +12,16 @@ from tests.tvm_passes.test_conv1d_as_conv2d import _run_cpu_pipeline
 IN_CHANNELS = 16
 
 
-def _model(path, out_channels, kernel=1, bias=True, activation="Relu", seed=0):
+def _model(path, out_channels, kernel=1, bias=True, activation="Relu", seed=0, stride=1, groups=1):
     rng = np.random.default_rng(seed)
-    inits = [numpy_helper.from_array((rng.standard_normal((out_channels, IN_CHANNELS, kernel, kernel)) * 0.3)
-                                     .astype(np.float32), "w")]
+    inits = [numpy_helper.from_array((rng.standard_normal((out_channels, IN_CHANNELS // groups, kernel, kernel))
+                                      * 0.3).astype(np.float32), "w")]
     inputs = ["x", "w"]
     if bias:
         inits.append(numpy_helper.from_array(rng.standard_normal(out_channels).astype(np.float32), "b"))
         inputs.append("b")
-    nodes = [helper.make_node("Conv", inputs, ["y"], kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4),
+    nodes = [helper.make_node("Conv", inputs, ["y"], kernel_shape=[kernel, kernel], pads=[kernel // 2] * 4,
+                              strides=[stride, stride], group=groups),
              helper.make_node(activation, ["y"], ["z"])]
     graph = helper.make_graph(nodes, "pointwise", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                                  [1, IN_CHANNELS, 5, 7])],
@@ -44,14 +45,15 @@ def _conv_weights(mod):
     return found
 
 
-@pytest.mark.parametrize("out_channels, kernel, bias, padded_to", [
-    (36, 1, True, 48), (36, 1, False, 48), (300, 1, True, 304),     # padded: 1x1, not a multiple of 8
-    (40, 1, True, None), (20, 1, True, None), (36, 3, True, None),  # half registers, too few, spatial: as written
-])
-def test_padding_choice_and_numerics(tmp_path, out_channels, kernel, bias, padded_to):
+@pytest.mark.parametrize("out_channels, kernel, stride, groups, bias, padded_to", [
+    (36, 1, 1, 1, True, 48), (36, 1, 1, 1, False, 48), (300, 1, 1, 1, True, 304),   # not a multiple of 8: padded,
+    (36, 3, 1, 1, True, 48), (100, 3, 2, 1, False, 112), (50, 5, 2, 1, True, 64),    # spatial and strided too
+    (40, 3, 1, 1, True, None), (20, 1, 1, 1, True, None), (36, 3, 1, 4, True, None),  # half registers, too few,
+])                                                                                    # grouped: as written
+def test_padding_choice_and_numerics(tmp_path, out_channels, kernel, stride, groups, bias, padded_to):
     from tvm_passes.frontend import import_model
 
-    path = _model(tmp_path / "m.onnx", out_channels, kernel, bias)
+    path = _model(tmp_path / "m.onnx", out_channels, kernel, bias, stride=stride, groups=groups)
     imported = import_model(path)
     (weight,) = _conv_weights(imported.mod)
     assert weight[0] == (padded_to or out_channels)
