@@ -42,6 +42,7 @@ from tvm_passes.bindings import first_data_dependent_binding
 from tvm_passes.constant_folding import fold_constants
 from tvm_passes.conv1d_as_conv2d import conv1d_as_conv2d
 from tvm_passes.conv_transpose_as_conv import conv_transpose_as_conv
+from tvm_passes.pad_activation_columns import pad_activation_columns
 from tvm_passes.pad_columns import COLUMN_MULTIPLE, pad_matmul_columns
 from tvm_passes.pad_conv_channels import pad_conv_channels
 
@@ -369,9 +370,12 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
         f"padded the output channels of {n} convolution(s) to a multiple of {COLUMN_MULTIPLE} (whole SIMD "
         "vectors; tvm_passes.pad_conv_channels)"))
     # after folding: weight transposes are constants by now
-    return _rewritten(imported, pad_matmul_columns, lambda n: (
+    imported = _rewritten(imported, pad_matmul_columns, lambda n: (
         f"padded the columns of {n} constant-weight matmul(s) to a multiple of {COLUMN_MULTIPLE} (whole SIMD "
         "vectors; tvm_passes.pad_columns)"))
+    return _rewritten(imported, pad_activation_columns, lambda n: (
+        f"padded the columns of {n} matmul(s) between activations to a multiple of {COLUMN_MULTIPLE} (whole SIMD "
+        "vectors; tvm_passes.pad_activation_columns)"))
 
 
 def _rewritten(imported: ImportedModel, rewrite: Callable[[Any], tuple[Any, int]],
