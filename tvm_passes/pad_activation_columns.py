@@ -5,7 +5,8 @@ operand: its columns are the sequence length, which is ragged in most models (a 
 65). hetpart's matmul rule tiles the columns with one SIMD vector per accumulator and a predicated last tile, which
 TVM scalarises; the 4-head ViT's [65, 32] x [32, 65] score matmul ran at 7 GFLOP/s, 40% of the model's time.
 
-This pass rewrites ``matmul(a, b)`` whose right operand is not a constant and has ``N`` columns (at least 33, not a
+This pass rewrites ``matmul(a, b)`` whose right operand is computed in the function (not a constant, and not a
+parameter: weights kept as parameters would be copied at every call) and has ``N`` columns (at least 33, not a
 multiple of 16) to ``matmul(a, pad(b))`` with ``b`` zero-padded along its last axis to the next multiple of 16,
 followed by ``strided_slice`` back to ``N`` columns. The pad is injective and fuses into ``b``'s producer (the
 transpose of K), the slice into the consumers (the softmax); results are bit-identical. Measured:
@@ -23,8 +24,10 @@ from tvm_passes.pad_columns import COLUMN_MULTIPLE, WIDE_SUFFIX, padded_columns
 log = logging.getLogger(__name__)
 
 
-def _ragged_activation_columns(value: Any) -> tuple[int, int] | None:
-    """(N, padded N) of a matmul call whose right operand is a non-constant tensor this pass pads, else None."""
+def _ragged_activation_columns(value: Any, computed: set[Any]) -> tuple[int, int] | None:
+    """(N, padded N) of a matmul call whose right operand is a tensor computed in the function (one of
+    ``computed``, not a constant or a parameter: weights kept as parameters would be copied at every call) and
+    has the ragged columns this pass pads, else None."""
     import tvm
     from tvm import relax
 
@@ -32,7 +35,7 @@ def _ragged_activation_columns(value: Any) -> tuple[int, int] | None:
         return None
     right = value.args[1]
     ty = right.ty
-    if isinstance(right, tvm.ir.GenericConst) or not isinstance(ty, relax.TensorType) or ty.shape is None \
+    if right not in computed or not isinstance(ty, relax.TensorType) or ty.shape is None \
             or ty.ndim < 2 or "float" not in str(ty.dtype):
         return None
     last = ty.shape.values[-1]
@@ -61,10 +64,17 @@ def _padder_class() -> type:
         def __init__(self, module: Any) -> None:
             super().__init__(module)
             self.count = 0
+            self.computed: set[Any] = set()       # vars bound in the function being rewritten
+
+        def plan(self, func: Any) -> None:
+            self.computed = {b.var for block in func.body.blocks for b in block.bindings}
+
+        def forget(self) -> None:
+            self.computed = set()
 
         def visit_var_binding_(self, binding: Any) -> None:
             var, value = binding.var, binding.value
-            columns = _ragged_activation_columns(value)
+            columns = _ragged_activation_columns(value, self.computed)
             if columns is None:
                 super().visit_var_binding_(binding)
                 return

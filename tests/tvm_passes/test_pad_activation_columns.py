@@ -74,6 +74,19 @@ def test_padding_choice_and_numerics(tmp_path, tokens, constant_keys, widths, no
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_weights_kept_as_parameters_are_not_padded(tmp_path):
+    """A right operand that is a parameter (weights kept as inputs) would be padded at every call: left alone."""
+    from tvm_passes.frontend import import_model
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "params",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [9, 512]),
+                               helper.make_tensor_value_info("w", TensorProto.FLOAT, [512, 37])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), tmp_path / "p.onnx")
+    imported = import_model(path)
+    assert _matmul_widths(imported.mod) == [37] and imported.notes == ()
+
+
 def test_pad_and_slice_fuse_into_their_neighbours(tmp_path):
     """The padded graph runs as many kernels as the unpadded one: the pad joins the transpose of K, the slice
     joins the softmax."""
