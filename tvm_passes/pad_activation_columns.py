@@ -9,8 +9,10 @@ This pass rewrites ``matmul(a, b)`` whose right operand is computed in the funct
 parameter: weights kept as parameters would be copied at every call) and has ``N`` columns (at least 33, not a
 multiple of 16) to ``matmul(a, pad(b))`` with ``b`` zero-padded along its last axis to the next multiple of 16,
 followed by ``strided_slice`` back to ``N`` columns. The pad is injective and fuses into ``b``'s producer (the
-transpose of K), the slice into the consumers (the softmax); results are bit-identical. Measured:
-``benchmarks/results/model_sweep/`` (the ViT) and ``tests/tvm_passes/test_pad_activation_columns.py``.
+transpose of K), the slice into the consumers (the softmax); results are bit-identical. The ViT of
+``benchmarks/model_sweep.py`` went from 1.53x to 0.89x onnxruntime's time (two runs of
+``TVM_NUM_THREADS=2 python benchmarks/model_sweep.py``, ``benchmarks/results/model_sweep/``); in one process, padded
+against unpadded, 1.95 -> 1.22 ms.
 """
 from __future__ import annotations
 
