@@ -31,7 +31,8 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ..tile_plan import pick_factor  # noqa: F401  (re-exported: the rules import it from here)
-from .base import MAX_INLINE_GROWTH_NODES, inline_growth_nodes, loop_extent, num_cores, summarize_blocks
+from .base import (MAX_INLINE_GROWTH_NODES, _buffer_of, inline_growth_nodes, loop_extent, num_cores,
+                   summarize_blocks)
 from .elementwise import parallel_vectorize_nest
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,22 @@ def inline_plain_copy_producers(sch: s_tir.Schedule, main_name: str) -> list[s_t
         else:
             others.append(block)
     return others
+
+
+def inline_side_producers(sch: s_tir.Schedule, main_name: str) -> int:
+    """Inline the blocks before ``main_name`` that it does not read (an attention mask's expand_dims feeding the
+    epilogue's ``where``) into their readers; returns how many. ``reverse_compute_at`` of an epilogue into the
+    contraction's tile needs every producer of the epilogue under that tile, and such a block is not."""
+    names = [summary.name for _, summary in summarize_blocks(sch)]
+    read_by_main = [_buffer_of(region) for region in sch.get(sch.get_sblock(main_name)).reads]
+    inlined = 0
+    for name in names[: names.index(main_name)]:
+        block = sch.get_sblock(name)
+        if any(_buffer_of(region).same_as(read) for region in sch.get(block).writes for read in read_by_main):
+            continue
+        sch.compute_inline(block)
+        inlined += 1
+    return inlined
 
 
 def schedule_contraction(sch: s_tir.Schedule, main_name: str, plan: TilePlan, target: Target) -> None:

@@ -16,7 +16,7 @@ from tvm.target import Target
 
 from .base import CpuRule, static_extents, summarize_blocks, vector_lanes
 from ..tile_plan import matmul_register_tile, power_of_two_vector  # noqa: F401  (re-exported)
-from .contraction import TilePlan, schedule_contraction
+from .contraction import TilePlan, inline_side_producers, schedule_contraction
 
 
 def find_matmul_block(sch: s_tir.Schedule) -> str | None:
@@ -95,5 +95,13 @@ class Matmul(CpuRule):
         else:
             plan = TilePlan(reg_axis=reg_axis, reg_factor=tile.reg_factor, vec_axis=n_spatial - 1,
                             vec_factor=tile.vec_factor, n_spatial=n_spatial, n_reduction=1, vec_outer_first=True)
-        schedule_contraction(sch, name, plan, target)
+        try:
+            schedule_contraction(sch, name, plan, target)
+        except s_tir.ScheduleError:
+            # an epilogue reading a block computed before the matmul from another input (a mask): inline that
+            # block first, then schedule again (kernels without one never get here, so their schedule is as it was)
+            sch = s_tir.Schedule(func)
+            if not inline_side_producers(sch, name):
+                raise
+            schedule_contraction(sch, name, plan, target)
         return sch

@@ -245,6 +245,26 @@ def test_batch_matmul_of_activations_matches_numpy(target):
     np.testing.assert_allclose(_run(mod, target, [q, k]), q @ k.transpose(0, 2, 1), rtol=TOL, atol=TOL)
 
 
+def test_matmul_with_a_masked_epilogue_keeps_the_matmul_rule(target, caplog):
+    """Scores masked by another input (a padding mask): the mask's expand_dims is computed before the matmul and
+    read by the epilogue's where, and the rule failed ("reverse-compute-at") until it inlined such blocks."""
+    q, kt = RNG.randn(2, 20, 64).astype("float32"), RNG.randn(2, 64, 20).astype("float32")
+    mask = (RNG.rand(2, 20) > 0.3).astype("int64")
+
+    def body(qv, kv, mv):
+        scores = relax.op.divide(relax.op.matmul(qv, kv), relax.const(8.0, "float32"))
+        masked = relax.op.equal(relax.op.expand_dims(mv, 1), relax.const(0, "int64"))
+        return relax.op.where(masked, relax.const(-1e4, "float32"), scores)
+
+    mod = _module([("q", q.shape, "float32"), ("kt", kt.shape, "float32"), ("mask", mask.shape, "int64")], body)
+    with caplog.at_level("WARNING"):
+        funcs = _scheduled_funcs(mod, target)
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+    _assert_rule(funcs, "matmul", parallel=False)
+    expected = np.where(mask[:, None, :] == 0, np.float32(-1e4), (q @ kt) / np.float32(8.0))
+    np.testing.assert_allclose(_run(mod, target, [q, kt, mask]), expected, rtol=TOL, atol=TOL)
+
+
 def test_pooling_matches_numpy(target):
     x = RNG.randn(1, 20, 15, 15).astype("float32")
     mod = _module(
