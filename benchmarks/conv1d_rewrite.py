@@ -79,39 +79,15 @@ def conv1d_onnx(path: Path, c_in: int, c_out: int, kernel: int, stride: int, dil
 
 
 def bench_case(case: tuple, work: Path, rounds: int, calls: int, transposed: bool = False) -> dict:
-    import tvm
-    from tvm import relax
-
-    import cpu_kernels as ck
-    import tvm_passes.frontend as frontend
-    from tvm_passes.schedules import cpu_pipeline, default_cpu_target
+    from rewrite_ab import time_rewrite_off_and_on
 
     name, *shape = case
     path = conv1d_onnx(work / "conv1d.onnx", *shape, transposed=transposed)
     x = np.random.default_rng(1).standard_normal((1, shape[0], shape[-1])).astype(np.float32)
-    sessions = {"onnxruntime": ck._ort_session(path), "onnxruntime_spinning": ck._ort_session(path, spinning=True)}
-    reference = sessions["onnxruntime"].run(None, {"x": x})[0]
-    target = default_cpu_target()
-    runners = {key: (lambda s=s: s.run(None, {"x": x})) for key, s in sessions.items()}
     row: dict = {"case": name, "shape": dict(zip(("c_in", "c_out", "kernel", "stride", "dilation", "pad", "groups",
                                                     "length"), shape))}
-    rewrite_name = "conv_transpose_as_conv" if transposed else "conv1d_as_conv2d"
-    rewrite = getattr(frontend, rewrite_name)
-    for variant, rewritten in (("as_imported", False), ("rewritten", True)):
-        setattr(frontend, rewrite_name, rewrite if rewritten else (lambda mod: (mod, 0)))
-        try:
-            imported = frontend.import_model(path)
-        finally:
-            setattr(frontend, rewrite_name, rewrite)
-        vm = relax.VirtualMachine(tvm.compile(imported.mod, target=target, relax_pipeline=cpu_pipeline(target)),
-                                  tvm.cpu())
-        arg = tvm.runtime.tensor(x)
-        out = vm["main"](arg).numpy()
-        row[f"{variant}_max_rel_diff"] = float(np.abs(out - reference).max() / np.abs(reference).max())
-        if row[f"{variant}_max_rel_diff"] > 1e-4:
-            raise RuntimeError(f"{name} {variant}: differs from onnxruntime by {row[f'{variant}_max_rel_diff']:.1e}")
-        runners[variant] = lambda vm=vm, arg=arg: vm["main"](arg)
-    ck._record_times(row, ck._block_times(runners, rounds, calls))
+    time_rewrite_off_and_on(row, path, x, "conv_transpose_as_conv" if transposed else "conv1d_as_conv2d",
+                            ("as_imported", "rewritten"), rounds, calls)
     return row
 
 

@@ -71,39 +71,14 @@ def conv_onnx(path: Path, c_in: int, c_out: int, kernel_h: int, kernel_w: int, s
 
 
 def bench_case(case: tuple, work: Path, rounds: int, calls: int) -> dict:
-    import tvm
-    from tvm import relax
-
-    import cpu_kernels as ck
-    import tvm_passes.frontend as frontend
-    from tvm_passes.schedules import cpu_pipeline, default_cpu_target
+    from rewrite_ab import time_rewrite_off_and_on
 
     name, *shape = case
     path = conv_onnx(work / "conv.onnx", *shape)
     x = np.random.default_rng(1).standard_normal((1, shape[0], shape[6], shape[7])).astype(np.float32)
-    sessions = {"onnxruntime": ck._ort_session(path), "onnxruntime_spinning": ck._ort_session(path, spinning=True)}
-    reference = sessions["onnxruntime"].run(None, {"x": x})[0]
-    target = default_cpu_target()
-    runners = {key: (lambda s=s: s.run(None, {"x": x})) for key, s in sessions.items()}
     row: dict = {"case": name, "shape": dict(zip(("c_in", "c_out", "kernel_h", "kernel_w", "stride_h", "stride_w",
                                                     "height", "width"), shape))}
-    padder = frontend.pad_conv_channels
-    for variant, padded in (("as_written", False), ("padded", True)):
-        frontend.pad_conv_channels = padder if padded else (lambda mod: (mod, 0))
-        try:
-            imported = frontend.import_model(path)
-        finally:
-            frontend.pad_conv_channels = padder
-        row[f"{variant}_notes"] = list(imported.notes)
-        vm = relax.VirtualMachine(tvm.compile(imported.mod, target=target, relax_pipeline=cpu_pipeline(target)),
-                                  tvm.cpu())
-        arg = tvm.runtime.tensor(x)
-        out = vm["main"](arg).numpy()
-        row[f"{variant}_max_rel_diff"] = float(np.abs(out - reference).max() / np.abs(reference).max())
-        if row[f"{variant}_max_rel_diff"] > 1e-4:
-            raise RuntimeError(f"{name} {variant}: differs from onnxruntime by {row[f'{variant}_max_rel_diff']:.1e}")
-        runners[variant] = lambda vm=vm, arg=arg: vm["main"](arg)
-    ck._record_times(row, ck._block_times(runners, rounds, calls))
+    time_rewrite_off_and_on(row, path, x, "pad_conv_channels", ("as_written", "padded"), rounds, calls)
     row["padded_to_as_written"] = row["padded_ms"] / row["as_written_ms"]
     return row
 
