@@ -48,8 +48,22 @@ def _ragged_activation_columns(value: Any, computed: set[Any]) -> tuple[int, int
     return None if wide == n else (n, wide)
 
 
+def _has_ragged_matmul(mod: Any) -> bool:
+    from tvm import relax
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            bindings = [b for block in func.body.blocks for b in block.bindings]
+            computed = {b.var for b in bindings}
+            if any(_ragged_activation_columns(b.value, computed) for b in bindings):
+                return True
+    return False
+
+
 def pad_activation_columns(mod: Any) -> tuple[Any, int]:
     """(module with every ragged activation-by-activation matmul padded, number padded)."""
+    if not _has_ragged_matmul(mod):     # most models have none: a scan costs half the rewrite's visit
+        return mod, 0
     mod, count = apply_rewriter(mod, _padder_class()(mod))
     if count:
         log.info("padded the columns of %d activation matmul(s) to multiples of %d", count, COLUMN_MULTIPLE)
