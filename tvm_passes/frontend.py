@@ -254,7 +254,7 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
             onnx.save(slim, str(tmp))
             tmp.replace(slim_path)
     return ImportedModel(
-        mod=_normalize(mod, path.name), name=name or path.stem,
+        mod=_normalize(mod, path.name, slim), name=name or path.stem,
         inputs=tuple(TensorSpec(n, bound[n], dtypes[n]) for n, _, _ in inputs),
         output_names=tuple(o.name for o in slim.graph.output), source_hash=digest, source_kind="onnx",
         param_inputs=param_inputs, onnx_path=slim_path, notes=(upgrade.note(),) if upgrade is not None else ())
@@ -313,7 +313,25 @@ def _import_torch(module, example_inputs: Sequence[Any], name: str | None) -> Im
 
 
 # --------------------------------------------------------------------------------------------------- common
-def _normalize(mod, label: str):
+# ONNX ops whose output size depends on the input values (hetpart compiles static shapes only)
+DATA_DEPENDENT_ONNX_OPS = ("NonZero", "NonMaxSuppression", "Unique", "Compress")
+
+
+def _cut_hint(onnx_model: Any) -> str:
+    """How to end an ONNX model before its first data-dependent node: onnx.utils.extract_model at its inputs."""
+    if onnx_model is None:
+        return ""
+    node = next((n for n in onnx_model.graph.node if n.op_type in DATA_DEPENDENT_ONNX_OPS), None)
+    if node is None:
+        return ""
+    inputs = [i.name for i in onnx_model.graph.input
+              if i.name not in {init.name for init in onnx_model.graph.initializer}]
+    cut_at = [name for name in node.input if name]
+    return (f" ({node.op_type} node {node.name or '(unnamed)'!r} reads {cut_at}: e.g. "
+            f"onnx.utils.extract_model(MODEL, CUT_MODEL, {inputs}, {cut_at}) keeps the model up to there)")
+
+
+def _normalize(mod, label: str, onnx_model: Any = None):
     from tvm import relax
 
     # constant-only work (weight transposes, take/shape_of of a constant, ...): the deployment pipeline folds it
@@ -327,7 +345,7 @@ def _normalize(mod, label: str):
         raise UnsupportedOpError(
             f"{label}: {what} (binding {dynamic.var.name!r}) makes a tensor of type {dynamic.var.ty} whose size "
             "depends on the input values; hetpart plans and compiles static shapes only: end the model before "
-            "this op (ops such as NonZero, NonMaxSuppression or Unique) and run the rest after hetpart's output")
+            f"this op{_cut_hint(onnx_model)} and run the rest after hetpart's output")
     return mod
 
 
