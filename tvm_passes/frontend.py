@@ -318,17 +318,16 @@ DATA_DEPENDENT_ONNX_OPS = ("NonZero", "NonMaxSuppression", "Unique", "Compress")
 
 
 def _cut_hint(onnx_model: Any) -> str:
-    """How to end an ONNX model before its first data-dependent node: onnx.utils.extract_model at its inputs."""
+    """How to end an ONNX model before its first data-dependent node: ``--outputs`` its inputs
+    (:mod:`tvm_passes.onnx_cut`)."""
     if onnx_model is None:
         return ""
     node = next((n for n in onnx_model.graph.node if n.op_type in DATA_DEPENDENT_ONNX_OPS), None)
     if node is None:
         return ""
-    inputs = [i.name for i in onnx_model.graph.input
-              if i.name not in {init.name for init in onnx_model.graph.initializer}]
     cut_at = [name for name in node.input if name]
-    return (f" ({node.op_type} node {node.name or '(unnamed)'!r} reads {cut_at}: e.g. "
-            f"onnx.utils.extract_model(MODEL, CUT_MODEL, {inputs}, {cut_at}) keeps the model up to there)")
+    return (f" ({node.op_type} node {node.name or '(unnamed)'!r} reads {cut_at}: --outputs {','.join(cut_at)}, "
+            f"or outputs={cut_at} in the Python API, keeps the model up to there)")
 
 
 def _normalize(mod, label: str, onnx_model: Any = None):

@@ -40,14 +40,22 @@ def resolve_model_path(model: str | Path, *, batch: int | None = None, size: int
 
 def import_model(model: Any, *, input_shapes: Sequence[str] | Mapping[str, Sequence[int]] | None = None,
                  example_inputs: Sequence[Any] | None = None, batch: int | None = None, size: int | None = None,
-                 weights: str = "random", rnn_options: Any = None):
+                 weights: str = "random", rnn_options: Any = None, outputs: str | Sequence[str] | None = None):
     """Resolve ``model`` (zoo name, path, torch module) and import it into Relax (tvm_passes.frontend);
-    ``rnn_options``: how ONNX RNN nodes are unrolled (``tvm_passes.rnn.RnnImportOptions``)."""
+    ``rnn_options``: how ONNX RNN nodes are unrolled (``tvm_passes.rnn.RnnImportOptions``); ``outputs``: tensor
+    names of an ONNX model to keep it up to (``tvm_passes.onnx_cut``; the cut copy goes under :func:`cache_dir`)."""
     from tvm_passes.frontend import import_model as _import
 
     if isinstance(model, (str, Path)):
         path = resolve_model_path(model, batch=batch, size=size, weights=weights)
         name = str(model) if not Path(model).exists() else path.stem
+        if outputs is not None:
+            from tvm_passes.onnx_cut import cut_onnx_model
+
+            path = cut_onnx_model(path, outputs, cache_dir() / "cut")
         return _import(path, input_shapes=input_shapes, name=name, work_dir=cache_dir() / "imported",
                        rnn_options=rnn_options)
+    if outputs is not None:
+        raise ModelLoadError("outputs cuts ONNX models; a torch module is cut by returning the tensors wanted "
+                             "from its forward()")
     return _import(model, input_shapes=input_shapes, example_inputs=example_inputs)

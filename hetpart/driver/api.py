@@ -32,18 +32,19 @@ def import_model(model: ModelArg, **kwargs: Any):
 
 def analyze(model: ModelArg, *, input_shapes: Sequence[str] | Mapping[str, Sequence[int]] | None = None,
             example_inputs: Sequence[Any] | None = None, batch: int | None = None, size: int | None = None,
-            level: str = "op") -> OpGraph:
+            level: str = "op", outputs: str | Sequence[str] | None = None) -> OpGraph:
     """Import ``model`` and extract its OpGraph (``level="kernel"`` collapses TVM's fused kernels).
 
     Zoo models are analysed with weights as graph inputs (``weights="inputs"``): the analysis needs only
-    their shapes, so e.g. VGG-16's 550 MB of weights are never generated.
+    their shapes, so e.g. VGG-16's 550 MB of weights are never generated. ``outputs`` keeps an ONNX model up to
+    those tensors (``tvm_passes.onnx_cut``).
     """
     from tvm_passes.extract import extract_op_graph
 
     if level not in ("op", "kernel"):
         raise ModelLoadError(f"level must be 'op' or 'kernel'; found {level!r}")
     imported = import_model(model, input_shapes=input_shapes, example_inputs=example_inputs, batch=batch,
-                            size=size, weights="inputs")
+                            size=size, weights="inputs", outputs=outputs)
     graph = extract_op_graph(imported.mod, name=imported.name, source_hash=imported.source_hash,
                              param_inputs=imported.param_inputs)
     return graph.kernel_graph() if level == "kernel" else graph

@@ -89,7 +89,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from hetpart.driver import api
 
     graph = api.analyze(args.model, input_shapes=args.input_shape, batch=args.batch, size=args.size,
-                        level=args.level)
+                        level=args.level, outputs=args.outputs)
     console = _console()
     table = Table(title=f"{graph.name}: {graph.num_ops} {graph.level}s", show_lines=False)
     for col in ("id", "name", "op", "output shape", "FLOPs", "read", "written", "params", "kernel", "inputs"):
@@ -162,7 +162,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                                plan=args.plan, input_shapes=args.input_shape, batch=args.batch, size=args.size,
                                cpu_predictor=args.cpu_predictor, output_dir=out_dir, overwrite=args.force,
                                segments=args.segments, requests=args.requests, slice_steps=args.slice_steps,
-                               rnn_projection=args.rnn_projection,
+                               rnn_projection=args.rnn_projection, outputs=args.outputs,
                                partition_options=_partition_options(args),
                                progress=lambda msg: (progress.update(task, description=msg), log.info("%s", msg)))
     s = summary(compiled._report_data())
@@ -250,6 +250,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="ONNX file or zoo model name (see `hetpart zoo`)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DIMS",
                    help="bind an input's shape, e.g. --input-shape input=1,3,224,224 (repeatable)")
+    p.add_argument("--outputs", action="append", default=None, metavar="NAME[,NAME...]",
+                   help="keep an ONNX model up to these tensors (node output names), e.g. before a detector's "
+                   "NonMaxSuppression; the original file is not changed (repeatable)")
     p.add_argument("--batch", type=_positive_int, default=None, help="batch size for zoo models (default 1)")
     p.add_argument("--size", type=_positive_int, default=None,
                    help="input size for zoo models: what it sets depends on the model (image side, sequence length, "

@@ -23,7 +23,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     started_s = time.monotonic()
     console = _console()
     console.print(f"importing {args.model}", markup=False)
-    imported = api.import_model(args.model, input_shapes=args.input_shape, batch=args.batch, size=args.size)
+    imported = api.import_model(args.model, input_shapes=args.input_shape, batch=args.batch, size=args.size,
+                                outputs=args.outputs)
     database = args.database or default_database_dir()
     import_minutes = (time.monotonic() - started_s) / 60.0  # the import counts against the budget too
     budget_minutes = args.budget_minutes - import_minutes if args.budget_minutes > 0 else args.budget_minutes

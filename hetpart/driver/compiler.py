@@ -235,7 +235,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
             size: int | None = None, cpu_predictor: str | Path | None = None, emulate_gpu: bool | None = None,
             output_dir: str | Path | None = None, overwrite: bool = False, segments: bool | None = None,
             requests: int | None = None, slice_steps: int | None = None, rnn_projection: str | None = None,
-            partition_options: Mapping[str, Any] | None = None,
+            partition_options: Mapping[str, Any] | None = None, outputs: str | Sequence[str] | None = None,
             progress: Callable[[str], None] | None = None) -> CompiledModel:
     """Compile ``model`` (ONNX path, zoo name, or torch.nn.Module + ``example_inputs``) for a CPU+GPU machine.
 
@@ -253,9 +253,11 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
     ``rnn_projection="per_slice"`` imports ONNX RNNs with one input projection per ``slice_steps`` steps
     (``tvm_passes.rnn``). ``partition_options``: further :class:`hetpart.partition.PartitionConfig` options, e.g.
     ``{"timeslice_segments": "slices", "dispatch_overhead_us_by_device": {...}}`` (a ``timeslice`` plan may then run
-    one segment per slice task; ``segments=True`` builds those). Every argument is checked before the model is
-    imported."""
+    one segment per slice task; ``segments=True`` builds those). ``outputs``: tensor names (``"a,b"`` or a list) to
+    keep an ONNX model up to, e.g. before a detector's NonMaxSuppression (``tvm_passes.onnx_cut``). Every argument
+    is checked before the model is imported."""
     from tvm_passes import sources
+    from tvm_passes.onnx_cut import parse_output_names
     from hetpart.driver.output_dir import check_writable
     from hetpart.partition import DEFAULT_METHOD, PartitionConfig, explain, get_method
     from hetpart.simulate import simulate
@@ -294,9 +296,10 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
             config.cross_device_sharing or (method in ("timeslice", "portfolio") and config.requests > 1))
     if output_dir is not None:
         check_writable(output_dir, overwrite=overwrite)
+    outputs = None if outputs is None else parse_output_names(outputs)
     say("importing model")
     imported = sources.import_model(model, input_shapes=input_shapes, example_inputs=example_inputs, batch=batch,
-                                size=size, rnn_options=rnn_options)
+                                size=size, rnn_options=rnn_options, outputs=outputs)
     lap("import")
     say(f"extracting ops and fused kernels of {imported.name}")
     op_graph = extract_op_graph(imported.mod, name=imported.name, source_hash=imported.source_hash,
@@ -366,6 +369,7 @@ def compile(model: Any, *, devices: str | Sequence[str] | None = None, method: s
               "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype} for t in imported.inputs],
               "devices": choice.devices.to_dict(), "method": chosen.method, "emulated": built.manifest.emulated,
               "import_notes": list(imported.notes), "cost_notes": cost_notes,
+              "outputs": None if outputs is None else list(outputs),
               "rnn_options": None if rnn_options is None else {"input_projection": rnn_options.input_projection,
                                                                "slice_steps": rnn_options.slice_steps}}
     result = CompiledModel(name=imported.name, op_graph=op_graph, graph=graph, costs=costs, plan=chosen,
