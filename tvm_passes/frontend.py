@@ -286,7 +286,11 @@ def _import_torch(module, example_inputs: Sequence[Any], name: str | None) -> Im
         with torch.no_grad():
             exported = torch.export.export(module, example_inputs)
     except Exception as exc:
-        raise ModelLoadError(f"torch.export could not trace {type(module).__name__}: {exc}") from exc
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ModelLoadError(f"torch.export could not trace {type(module).__name__}: {first_line}. Export it to "
+                             "ONNX with torch's TorchScript exporter (torch.onnx.export(module, example_inputs, "
+                             "'model.onnx', dynamo=False), which records e.g. pack_padded_sequence) and compile "
+                             "that file") from exc
     try:
         mod = from_exported_program(exported, keep_params_as_input=False, unwrap_unit_return_tuple=True,
                                     custom_convert_map={"select.int": _select_int_fixed})

@@ -26,6 +26,9 @@ KNOWN_LEVELS = (
     # ONNX Gather becomes take(mode="fast"), which does not bounds-check indices: valid ids are the user's contract
     # (``hetpart run`` samples them in range), so it is said once per compile, not as a warning
     (re.compile(r"Warning: Fast mode segfaults when there are out-of-bounds indices"), logging.INFO),
+    # TOPI's scatter kernels (ONNX ScatterElements, ScatterND, also in torch's pack_padded_sequence exports) mark
+    # statement sequences with a "pragma_scope" attribute that the LLVM code generator does not use: it skips it
+    (re.compile(r"Warning: Unknown pragma pragma_scope"), logging.DEBUG),
 )
 _lock = threading.RLock()    # re-entrant: a narrow capture may run inside a wide one
 

@@ -3,10 +3,18 @@
 TVM 0.27 has no converter for these ops. :func:`install_onnx_rnn_converters` registers ours by wrapping
 ``onnx_frontend._get_convert_map`` (the importer looks the map up for every node). Supported: direction
 forward / reverse / bidirectional, optional ``B``, ``initial_h``, ``initial_c`` and LSTM peepholes ``P``,
-``layout`` 0 and 1, GRU ``linear_before_reset`` 0 and 1, ``sequence_lens`` absent or a constant equal to the
-full sequence length for every batch entry, any ONNX activations (``activations``, ``activation_alpha`` /
-``activation_beta``) and ``clip`` (:mod:`tvm_passes.rnn_activations`). Anything else raises
-:class:`hetpart.errors.UnsupportedOpError` naming the node, the attribute and what is supported.
+``layout`` 0 and 1, GRU ``linear_before_reset`` 0 and 1, ``sequence_lens`` (absent, a constant, or an input given at
+run time), any ONNX activations (``activations``, ``activation_alpha`` / ``activation_beta``) and ``clip``
+(:mod:`tvm_passes.rnn_activations`). Anything else raises :class:`hetpart.errors.UnsupportedOpError` naming the
+node, the attribute and what is supported.
+
+**Variable lengths.** With ``sequence_lens`` (unless it is a constant equal to the sequence length everywhere),
+every step still runs for the whole batch, as the unrolled graph is static, and a mask keeps each batch entry's
+state where its sequence has ended: step t of entry b counts when the time position it processes is below
+``sequence_lens[b]`` (a reverse direction then starts at the entry's own last position), its output is zero
+otherwise, and ``Y_h``/``Y_c`` are the states after the entry's last counted step -- zero for a length of 0, as
+onnxruntime gives them. Lengths must lie in ``[0, seq_length]`` (onnxruntime refuses others; constants are
+checked at import).
 
 **Tags.** Relax bindings have no attributes, so every binding a converter emits gets a var name that encodes
 where it belongs; :func:`parse_rnn_tag` decodes it::
@@ -89,20 +97,15 @@ def attribute_problems(op_type: str, node_name: str, attrs: dict) -> list[str]:
 
 
 def find_unsupported_rnn_nodes(model: onnx.ModelProto) -> list[str]:
-    """Problems of every LSTM/GRU/RNN node in ``model`` found without TVM: attributes, and sequence_lens that
-    is not a constant initializer (its equality to the sequence length is checked during conversion)."""
-    initializers = {t.name for t in model.graph.initializer}
+    """Problems of every LSTM/GRU/RNN node in ``model`` found without TVM: its attributes (shapes, and the values of
+    a constant ``sequence_lens``, are checked during conversion)."""
     problems = []
     for node in model.graph.node:
         if node.op_type not in RNN_OP_TYPES:
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         problems += attribute_problems(node.op_type, node.name, attrs)
-        if len(node.input) > 4 and node.input[4] and node.input[4] not in initializers:
-            problems.append(f"{node.op_type} node '{node.name}': sequence_lens '{node.input[4]}' is not a "
-                            "constant initializer; supported: no sequence_lens, or a constant equal to the "
-                            "sequence length for every batch entry")
-    return problems
+        return problems
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,8 @@ class _RnnSpec:
     linear_before_reset: bool
     dtype: str
     activations: tuple[CellActivations, ...]   # one entry per ONNX direction index
+    sequence_lens: relax.Expr | None = None    # [batch] integer lengths to mask by; None: all full length
+    lens_may_be_zero: bool = False             # then the final states are zeroed where a length is 0
 
     @property
     def time_axis(self) -> int:
@@ -160,19 +165,37 @@ def _parse_spec(op_type: str, inputs, attrs: dict, params) -> _RnnSpec:
         raise UnsupportedOpError(f"{where}: R has shape {r_dims}, but hidden_size={hidden} needs "
                                  f"[num_directions, {GATE_COUNT[op_type] * hidden}, {hidden}]")
     seq_len, batch = (x_dims[0], x_dims[1]) if layout == 0 else (x_dims[1], x_dims[0])
-    if len(inputs) > 4 and inputs[4] is not None:
-        lens = _constant_value(inputs[4], params)
-        if lens is None or lens.shape != (batch,) or not np.all(lens == seq_len):
-            found = "a value computed at run time" if lens is None else f"{lens.tolist()}"
-            raise UnsupportedOpError(f"{where}: sequence_lens is {found}; supported: absent, or a constant "
-                                     f"equal to the full sequence length {seq_len} for all {batch} batch "
-                                     "entries (variable-length sequences are not supported)")
+    lens_expr, lens_may_be_zero = _sequence_lens(inputs[4] if len(inputs) > 4 else None, params, seq_len, batch,
+                                                 where)
     reversed_dirs = {"forward": (False,), "reverse": (True,), "bidirectional": (False, True)}[direction]
     return _RnnSpec(op_type=op_type, node_name=node_name, hidden=hidden, seq_len=seq_len, batch=batch,
                     layout=layout, reversed_dirs=reversed_dirs,
                     linear_before_reset=bool(int(attrs.get("linear_before_reset", 0))),
                     dtype=str(inputs[0].ty.dtype),
-                    activations=cell_activations(op_type, attrs, len(reversed_dirs)))
+                    activations=cell_activations(op_type, attrs, len(reversed_dirs)),
+                    sequence_lens=lens_expr, lens_may_be_zero=lens_may_be_zero)
+
+
+def _sequence_lens(lens: relax.Expr | None, params, seq_len: int, batch: int,
+                   where: str) -> tuple[relax.Expr | None, bool]:
+    """The lengths to mask the steps by ([batch] int32; None when absent or all equal to ``seq_len``), and whether
+    one may be 0."""
+    if lens is None:
+        return None, False
+    value = _constant_value(lens, params)
+    if value is None:
+        dims = _static_dims(lens, "sequence_lens", where)
+        dtype = str(lens.ty.dtype)
+        if dims != [batch] or not dtype.startswith(("int", "uint")):
+            raise UnsupportedOpError(f"{where}: sequence_lens must be an integer tensor of shape [{batch}] (the "
+                                     f"batch); found {dtype} of shape {dims}")
+        return lens, True
+    if value.shape != (batch,) or value.min(initial=0) < 0 or value.max(initial=0) > seq_len:
+        raise UnsupportedOpError(f"{where}: sequence_lens must hold {batch} lengths (the batch) in [0, {seq_len}] "
+                                 f"(the sequence length); found {value.tolist()}. Fix the model's sequence_lens")
+    if np.all(value == seq_len):
+        return None, False
+    return relax.const(value.astype(np.int32)), bool(np.any(value == 0))
 
 
 def _initial_state(emit: Emitter, spec: _RnnSpec, state: relax.Expr | None, d: int, what: str) -> relax.Expr:
@@ -234,6 +257,11 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
     rows, first_time = ([], 0) if per_slice else (_step_rows(emit, project(inputs[0]), spec.time_axis), 0)
     h = _initial_state(emit, spec, inputs[5] if len(inputs) > 5 else None, d, "h0")
     c = _initial_state(emit, spec, inputs[6] if len(inputs) > 6 else None, d, "c0")
+    lens = spec.sequence_lens
+    if lens is not None:
+        if str(lens.ty.dtype) != "int32":
+            lens = emit(relax.op.astype(lens, "int32"), "lens_int32")
+        lens = emit(relax.op.reshape(lens, [spec.batch, 1]), "lens")
     outputs: list[relax.Expr | None] = [None] * spec.seq_len
     for step in range(spec.seq_len):
         if per_slice and step % k == 0:
@@ -243,9 +271,21 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
             rows, first_time = _step_rows(emit, project(x_slices(emit, lo, hi, d)), spec.time_axis), lo
         emit.step = step
         time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
-        h, c = CELL_STEPS[spec.op_type](emit, weights, rows[time - first_time], h, c, spec.activations[d])
-        outputs[time] = h
+        h_new, c_new = CELL_STEPS[spec.op_type](emit, weights, rows[time - first_time], h, c, spec.activations[d])
+        if lens is None:
+            h, c, outputs[time] = h_new, c_new, h_new
+        else:       # the entries whose sequence has ended keep their state and output zeros
+            valid = emit(relax.op.less(relax.const(time, "int32"), lens), "valid")
+            outputs[time] = emit(relax.op.where(valid, h_new, relax.const(0, spec.dtype)), "y_masked")
+            h = emit(relax.op.where(valid, h_new, h), "h_kept")
+            if spec.op_type == "LSTM":
+                c = emit(relax.op.where(valid, c_new, c), "c_kept")
     emit.step = "out"
+    if lens is not None and spec.lens_may_be_zero:     # onnxruntime: the states of an empty sequence are zero
+        started = emit(relax.op.greater(lens, relax.const(0, "int32")), "started")
+        h = emit(relax.op.where(started, h, relax.const(0, spec.dtype)), "h_final")
+        if spec.op_type == "LSTM":
+            c = emit(relax.op.where(started, c, relax.const(0, spec.dtype)), "c_final")
     y = stack_steps(emit, outputs, spec.time_axis, "y_dir")
     return y, h, c, tuple(outputs)
 

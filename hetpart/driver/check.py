@@ -23,13 +23,22 @@ DEFAULT_ATOL = 1e-4
 DEFAULT_INTEGER_HIGH = 2          # integer inputs that index nothing (masks, flags): values 0 or 1
 # the newest ONNX IR version onnxruntime 1.31 loads; newer files are read and handed over at this version
 MAX_ORT_IR_VERSION = 10
+# ops through which an integer input's values reach a table lookup unchanged in meaning (offsets, casts, layout):
+# an index bound found past them holds for the input. Past anything else (a sort, a top-k whose indices are then
+# gathered, a reduction) the values that index the table are no longer the input's.
+INDEX_PRESERVING_OPS = frozenset(f"relax.{name}" for name in (
+    "astype", "add", "subtract", "multiply", "negative", "abs", "where", "maximum", "minimum", "clip", "floor_mod",
+    "mod", "reshape", "expand_dims", "squeeze", "permute_dims", "broadcast_to", "strided_slice", "concat",
+    "flatten", "tile", "repeat"))
 
 
 def index_input_bounds(graph: OpGraph) -> dict[str, int]:
-    """For each integer graph input that (through integer element-wise ops, e.g. the negative-index wrap of ONNX
-    Gather) selects rows of a table with ``relax.take``: the table's length on the taken axis (an embedding's
-    vocabulary; the smallest such length wins). ONNX Gather takes indices in ``[-length, length)``; TVM's ``take``
-    reads out of bounds (no check) beyond that, so the runtimes refuse such inputs (:func:`check_inputs`)."""
+    """For each integer graph input that (through :data:`INDEX_PRESERVING_OPS` with integer results, e.g. the
+    negative-index wrap of ONNX Gather) selects rows of a table with ``relax.take``: the table's length on the taken
+    axis (an embedding's vocabulary; the smallest such length wins). ONNX Gather takes indices in
+    ``[-length, length)``; TVM's ``take`` reads out of bounds (no check) beyond that, so the runtimes refuse such
+    inputs (:func:`check_inputs`). Sequence lengths sorted by a top-k whose indices then reorder the batch do not
+    count as indices."""
     bounds: dict[str, int] = {}
     successors = graph.successors()
     for spec in graph.inputs:
@@ -47,7 +56,8 @@ def index_input_bounds(graph: OpGraph) -> dict[str, int]:
                 axis = int(node.attrs.get("axis", 0)) % len(node.input_shapes[0])
                 highs.append(int(node.input_shapes[0][axis]))
                 continue
-            if node.output_dtypes and np.issubdtype(np.dtype(node.output_dtypes[0]), np.integer):
+            if node.op in INDEX_PRESERVING_OPS and node.output_dtypes \
+                    and np.issubdtype(np.dtype(node.output_dtypes[0]), np.integer):
                 frontier.extend(successors[op_id])
         if highs:
             bounds[spec.name] = min(highs)

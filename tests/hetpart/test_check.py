@@ -1,6 +1,8 @@
 """``hetpart run --check``'s pieces: allclose-style comparison, valid random inputs, the onnxruntime reference."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import onnx
 import pytest
@@ -71,6 +73,27 @@ def test_ids_outside_the_table_are_refused_before_the_unchecked_gather_reads_the
                                                      rf"found {value} at \[0\] \(8 outside\)"):
             check_inputs(specs, [bad, mask, x], {}, bounds)
     check_inputs(specs, [np.full(8, 5000), np.full(8, 7, np.int32), x], {})     # no bounds given: not checked
+
+
+def test_values_sorted_by_a_top_k_index_nothing():
+    """pack_padded_sequence(enforce_sorted=False) exports lengths -> TopK, whose indices reorder the batch with a
+    Gather of a table as long as the batch: the lengths themselves (up to the sequence length) index nothing."""
+    nodes = (
+        OpNode(0, "lens64", "relax.astype", (), ((3,),), ("int32",), ((3,),), ("int64",), graph_inputs=("lengths",)),
+        OpNode(1, "sorted", "relax.topk", (0,), ((3,),), ("int64",), ((3,), (3,)), ("int64", "int64")),
+        OpNode(2, "order", "relax.take", (1,), ((3, 8), (3,)), ("float32", "int64"), ((3, 8),), ("float32",),
+               attrs={"axis": 0}),
+        OpNode(3, "shifted", "relax.add", (0,), ((3,), ()), ("int64", "int64"), ((3,),), ("int64",)),
+        OpNode(4, "rows", "relax.take", (3,), ((50, 8), (3,)), ("float32", "int64"), ((3, 8),), ("float32",),
+               attrs={"axis": 0}),
+    )
+    graph = OpGraph(nodes=nodes, edges=(Edge(0, 1, 24), Edge(1, 2, 48), Edge(0, 3, 24), Edge(3, 4, 24)),
+                    inputs=(TensorSpec("lengths", (3,), "int32", consumers=(0,)),),
+                    outputs=(TensorSpec("y", (3, 8), "float32", producer=2),
+                             TensorSpec("z", (3, 8), "float32", producer=4)), name="lens").validate()
+    assert index_input_bounds(graph) == {"lengths": 50}     # through the cast and the add only, not the top-k
+    graph = replace(graph, nodes=graph.nodes[:3], edges=graph.edges[:2], outputs=graph.outputs[:1]).validate()
+    assert index_input_bounds(graph) == {}
 
 
 def test_input_files_give_typed_errors(tmp_path):

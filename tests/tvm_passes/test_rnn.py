@@ -208,19 +208,92 @@ def test_unsupported_attributes_raise(op_type, extra, expected):
     assert len(find_unsupported_rnn_nodes(model)) == 1
 
 
-def test_sequence_lens_shorter_than_the_sequence_raises():
-    model, _ = build_rnn_model("LSTM", seq=3, sequence_lens=[3, 2])
-    with pytest.raises(UnsupportedOpError, match=r"sequence_lens is \[3, 2\]; supported: .*length 3"):
+def _lengths_as_input(model: onnx.ModelProto, feeds: dict, lens: list[int], dtype=TensorProto.INT32) -> None:
+    """Turn every layer's constant ``seq_lens`` initializer into a graph input fed ``lens``."""
+    for tensor in [t for t in model.graph.initializer if t.name.startswith("seq_lens")]:
+        model.graph.initializer.remove(tensor)
+        model.graph.input.append(helper.make_tensor_value_info(tensor.name, dtype, [len(lens)]))
+        feeds[tensor.name] = np.asarray(lens, onnx.helper.tensor_dtype_to_np_dtype(dtype))
+
+
+# (op_type, kwargs, lengths): every cell, direction and layout; lengths shorter than the sequence, full, and 0 (the
+# final states of an empty sequence are zero in onnxruntime, not the initial ones)
+LENGTH_CASES = [
+    ("LSTM", dict(direction="bidirectional", peephole=True), [5, 2, 0]),
+    ("LSTM", dict(num_layers=2, direction="reverse", layout=1), [1, 5, 3]),
+    ("GRU", dict(direction="bidirectional", linear_before_reset=1), [4, 5, 1]),
+    ("GRU", dict(num_layers=2, linear_before_reset=0, with_initial=False), [0, 3, 5]),
+    ("RNN", dict(direction="reverse"), [2, 2, 5]),
+    ("RNN", dict(num_layers=2, direction="bidirectional", layout=1), [5, 0, 4]),
+]
+
+
+@pytest.mark.parametrize("op_type,kwargs,lens", LENGTH_CASES,
+                         ids=[f"{op}-{'-'.join(f'{k}={v}' for k, v in kw.items())}-lens={lens}"
+                              for op, kw, lens in LENGTH_CASES])
+@pytest.mark.parametrize("given", ["constant", "at_run_time"])
+def test_sequence_lens_match_onnxruntime(op_type, kwargs, lens, given):
+    """Each batch entry's sequence ends at its own length: outputs beyond it are zero, the final states are those
+    of its last step, and a reverse direction starts at its own last position."""
+    import onnxruntime as ort
+
+    model, feeds = build_rnn_model(op_type, seq=5, batch=3, sequence_lens=lens, **kwargs)
+    if given == "at_run_time":
+        _lengths_as_input(model, feeds, lens)
+    if kwargs.get("layout", 0) == 1:      # onnxruntime runs layout 0 only: compare with the layout-0 twin's outputs
+        reference, ref_feeds = build_rnn_model(op_type, seq=5, batch=3, sequence_lens=lens,
+                                               **{**kwargs, "layout": 0})
+        if given == "at_run_time":
+            _lengths_as_input(reference, ref_feeds, lens)
+        ref_feeds = {k: v if k.startswith("seq_lens") else v.transpose(1, 0, 2) for k, v in feeds.items()}
+    else:
+        reference, ref_feeds = model, feeds
+    expected = ort.InferenceSession(reference.SerializeToString(),
+                                    providers=["CPUExecutionProvider"]).run(None, ref_feeds)
+    if kwargs.get("layout", 0) == 1:
+        expected = [y.transpose(2, 0, 1, 3) if y.ndim == 4 else y.transpose(1, 0, 2) for y in expected]
+    got = _run_tvm(model, feeds)
+    for name, g, e in zip([o.name for o in model.graph.output], got, expected):
+        assert g.shape == e.shape
+        err = float(np.abs(g - e).max())
+        assert err <= TOLERANCE, f"{name}: max |tvm - onnxruntime| = {err:.2e}"
+
+
+def test_lengths_given_as_int64_and_per_slice_projection_match_onnxruntime():
+    """torch exports its lengths as int64 casts; the per-slice input projection masks the same steps."""
+    import onnxruntime as ort
+
+    from tvm_passes.rnn import RnnImportOptions, rnn_import_options
+
+    model, feeds = build_rnn_model("LSTM", seq=6, batch=3, num_layers=2, sequence_lens=[6, 4, 1])
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    _lengths_as_input(model, feeds, [6, 4, 1], TensorProto.INT64)
+    with rnn_import_options(RnnImportOptions("per_slice", 2)):
+        got = _run_tvm(model, feeds)
+    for g, e in zip(got, expected):
+        assert float(np.abs(g - e).max()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("lens,expected", [
+    ([3, 4], r"sequence_lens must hold 2 lengths \(the batch\) in \[0, 3\].*found \[3, 4\]"),
+    ([3, -1], r"in \[0, 3\].*found \[3, -1\]"),
+    ([3, 3, 3], r"must hold 2 lengths.*found \[3, 3, 3\]"),
+])
+def test_constant_sequence_lens_out_of_range_raise(lens, expected):
+    model, _ = build_rnn_model("LSTM", seq=3, sequence_lens=lens)
+    with pytest.raises(UnsupportedOpError, match=expected):
         _import(model)
 
 
-def test_sequence_lens_given_at_run_time_raises():
-    model, _ = build_rnn_model("GRU", seq=3, sequence_lens=[3, 3])
-    lens = next(t for t in model.graph.initializer if t.name == "seq_lens0")
-    model.graph.initializer.remove(lens)
-    model.graph.input.append(helper.make_tensor_value_info("seq_lens0", TensorProto.INT32, [2]))
-    assert any("not a constant initializer" in p for p in find_unsupported_rnn_nodes(model))
-    with pytest.raises(UnsupportedOpError, match="sequence_lens is a value computed at run time"):
+def test_sequence_lens_of_the_wrong_shape_or_type_raise():
+    model, feeds = build_rnn_model("GRU", seq=3, sequence_lens=[3, 3])
+    _lengths_as_input(model, feeds, [3, 3, 3])
+    with pytest.raises(UnsupportedOpError, match=r"sequence_lens must be an integer tensor of shape \[2\].*"
+                                                 r"found int32 of shape \[3\]"):
+        _import(model)
+    model, feeds = build_rnn_model("GRU", seq=3, sequence_lens=[3, 3])
+    _lengths_as_input(model, feeds, [3, 3], TensorProto.FLOAT)
+    with pytest.raises(UnsupportedOpError, match="found float32 of shape"):
         _import(model)
 
 
