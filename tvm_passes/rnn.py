@@ -2,9 +2,9 @@
 
 TVM 0.27 has no converter for these ops. :func:`install_onnx_rnn_converters` registers ours by wrapping
 ``onnx_frontend._get_convert_map`` (the importer looks the map up for every node). Supported: direction
-forward / reverse / bidirectional, optional ``B``, ``initial_h``, ``initial_c`` and LSTM peepholes ``P``,
-``layout`` 0 and 1, GRU ``linear_before_reset`` 0 and 1, ``sequence_lens`` (absent, a constant, or an input given at
-run time), any ONNX activations (``activations``, ``activation_alpha`` / ``activation_beta``) and ``clip``
+forward / reverse / bidirectional, optional ``B``, ``initial_h``, ``initial_c``, LSTM peepholes ``P`` and
+``input_forget``, ``layout`` 0 and 1, GRU ``linear_before_reset`` 0 and 1, ``sequence_lens`` (absent, a constant,
+or an input given at run time), any ONNX activations (``activations``, ``activation_alpha`` / ``activation_beta``) and ``clip``
 (:mod:`tvm_passes.rnn_activations`). Anything else raises :class:`hetpart.errors.UnsupportedOpError` naming the
 node, the attribute and what is supported.
 
@@ -47,6 +47,7 @@ sequence; otherwise the slice is cut from the input with a strided_slice. The ta
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -88,8 +89,8 @@ def attribute_problems(op_type: str, node_name: str, attrs: dict) -> list[str]:
     num_dirs = 2 if direction == "bidirectional" else 1
     if int(attrs.get("layout", 0)) not in (0, 1):
         problems.append(f"{where}: layout={attrs['layout']} is not supported; supported: 0 or 1")
-    if op_type == "LSTM" and int(attrs.get("input_forget", 0)) != 0:
-        problems.append(f"{where}: input_forget={attrs['input_forget']} is not supported; supported: 0")
+    if op_type == "LSTM" and int(attrs.get("input_forget", 0)) not in (0, 1):
+        problems.append(f"{where}: input_forget={attrs['input_forget']} is not valid; supported: 0 or 1")
     if op_type == "GRU" and int(attrs.get("linear_before_reset", 0)) not in (0, 1):
         problems.append(f"{where}: linear_before_reset={attrs['linear_before_reset']} is not valid; "
                         "supported: 0 or 1")
@@ -105,7 +106,7 @@ def find_unsupported_rnn_nodes(model: onnx.ModelProto) -> list[str]:
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         problems += attribute_problems(node.op_type, node.name, attrs)
-        return problems
+    return problems
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class _RnnSpec:
     linear_before_reset: bool
     dtype: str
     activations: tuple[CellActivations, ...]   # one entry per ONNX direction index
+    input_forget: bool = False                 # LSTM: the forget gate is 1 - the input gate
     sequence_lens: relax.Expr | None = None    # [batch] integer lengths to mask by; None: all full length
     lens_may_be_zero: bool = False             # then the final states are zeroed where a length is 0
 
@@ -173,7 +175,8 @@ def _parse_spec(op_type: str, inputs, attrs: dict, params) -> _RnnSpec:
                     linear_before_reset=bool(int(attrs.get("linear_before_reset", 0))),
                     dtype=str(inputs[0].ty.dtype),
                     activations=cell_activations(op_type, attrs, len(reversed_dirs)),
-                    sequence_lens=lens_expr, lens_may_be_zero=lens_may_be_zero)
+                    input_forget=bool(int(attrs.get("input_forget", 0))), sequence_lens=lens_expr,
+                    lens_may_be_zero=lens_may_be_zero)
 
 
 def _sequence_lens(lens: relax.Expr | None, params, seq_len: int, batch: int,
@@ -263,6 +266,9 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
             lens = emit(relax.op.astype(lens, "int32"), "lens_int32")
         lens = emit(relax.op.reshape(lens, [spec.batch, 1]), "lens")
     outputs: list[relax.Expr | None] = [None] * spec.seq_len
+    step_cell = CELL_STEPS[spec.op_type]
+    if spec.input_forget:
+        step_cell = functools.partial(step_cell, input_forget=True)
     for step in range(spec.seq_len):
         if per_slice and step % k == 0:
             stop = min(spec.seq_len, step + k)
@@ -271,7 +277,7 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
             rows, first_time = _step_rows(emit, project(x_slices(emit, lo, hi, d)), spec.time_axis), lo
         emit.step = step
         time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
-        h_new, c_new = CELL_STEPS[spec.op_type](emit, weights, rows[time - first_time], h, c, spec.activations[d])
+        h_new, c_new = step_cell(emit, weights, rows[time - first_time], h, c, spec.activations[d])
         if lens is None:
             h, c, outputs[time] = h_new, c_new, h_new
         else:       # the entries whose sequence has ended keep their state and output zeros

@@ -111,9 +111,12 @@ def _gate(emit: Emitter, tensor: relax.Expr, k: int, hidden: int, what: str) -> 
     return emit(relax.op.strided_slice(tensor, axes=[1], begin=[k * hidden], end=[(k + 1) * hidden]), what)
 
 
-def _lstm_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr, act: CellActivations):
+def _lstm_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr, act: CellActivations,
+               input_forget: bool = False):
     """ONNX LSTM, gate order i, o, f, c; peepholes P_i, P_f see C_{t-1} and P_o sees C_t. Activations: f for the
-    gates (sigmoid by default), g for the candidate and h for the cell output (tanh)."""
+    gates (sigmoid by default), g for the candidate and h for the cell output (tanh). ``input_forget`` couples the
+    forget gate to the input gate, f = 1 - i, as onnxruntime computes it (the forget gate's own weights and
+    peephole are then unused)."""
     op = relax.op
     gates = emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "gates")
     hidden = _columns(gates) // 4
@@ -122,7 +125,8 @@ def _lstm_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: r
         p_i, p_o, p_f = w.peepholes
         g_i = emit(op.add(g_i, emit(op.multiply(p_i, c), "pi_c")), "gi_peep")
         g_f = emit(op.add(g_f, emit(op.multiply(p_f, c), "pf_c")), "gf_peep")
-    i, f = act.gate(emit, act.f, g_i, "i"), act.gate(emit, act.f, g_f, "f")
+    i = act.gate(emit, act.f, g_i, "i")
+    f = emit(op.subtract(relax.const(1, i.ty.dtype), i), "f") if input_forget else act.gate(emit, act.f, g_f, "f")
     cand = act.gate(emit, act.g, g_c, "cand")
     c_new = emit(op.add(emit(op.multiply(f, c), "fc"), emit(op.multiply(i, cand), "ic")), "c")
     if w.peepholes is not None:

@@ -181,6 +181,9 @@ ACTIVATION_CASES = [
     ("LSTM", dict(seq=6, num_layers=2, extra_attrs={"clip": 0.4}, weight_range=1.5)),
     ("GRU", dict(seq=6, linear_before_reset=0, extra_attrs={"clip": 0.3}, weight_range=1.5)),
     ("RNN", dict(seq=6, extra_attrs={"clip": 0.5, "activations": ["Relu"]}, weight_range=1.5)),
+    # input_forget couples the gates, f = 1 - i (the forget gate's weights and peephole go unused)
+    ("LSTM", dict(seq=4, direction="bidirectional", peephole=True, sequence_lens=[4, 2],
+                  extra_attrs={"input_forget": 1})),
 ]
 
 
@@ -195,7 +198,7 @@ def test_activations_and_clip_match_onnxruntime(op_type, kwargs):
 
 @pytest.mark.parametrize("op_type,extra,expected", [
     ("LSTM", {"clip": 0.0}, r"LSTM node 'lstm_0': clip=0.0 must be a positive threshold"),
-    ("LSTM", {"input_forget": 1}, r"LSTM node 'lstm_0': input_forget=1 is not supported; supported: 0"),
+    ("LSTM", {"input_forget": 2}, r"LSTM node 'lstm_0': input_forget=2 is not valid; supported: 0 or 1"),
     ("GRU", {"activations": ["Sigmoid", "Swish"]}, r"GRU node 'gru_0': activations \['swish'\] are not ONNX "
                                                    r"RNN activations; supported: \['affine'"),
     ("RNN", {"activations": ["Relu", "Tanh"]}, r"RNN node 'rnn_0': 2 activations given, but a RNN with 1 "
@@ -305,7 +308,7 @@ def test_symbolic_sequence_length_raises():
 
 
 def test_find_unsupported_rnn_nodes_lists_every_problem():
-    model, _ = build_rnn_model("LSTM", seq=2, num_layers=2, extra_attrs={"clip": -1.0, "input_forget": 1})
+    model, _ = build_rnn_model("LSTM", seq=2, num_layers=2, extra_attrs={"clip": -1.0, "input_forget": 2})
     problems = find_unsupported_rnn_nodes(model)
     assert len(problems) == 4
     assert {p.split(":")[0] for p in problems} == {"LSTM node 'lstm_0'", "LSTM node 'lstm_1'"}
