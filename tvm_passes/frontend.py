@@ -200,14 +200,17 @@ def _check_onnx_ops_supported(model, path: Path, slim: Callable[[Any], Any]) -> 
             return
         listing = ", ".join(f"{op} x{c}" for op, c in missing.items())
         raise UnsupportedOpError(
-            f"{path.name}: TVM 0.27's ONNX importer (with hetpart's RNN converters) cannot import these op types: "
+            f"{path.name}: TVM 0.27's ONNX importer (with hetpart's own converters) cannot import these op types: "
             f"{listing}. Replace them in the model or register a converter.")
 
 
-def _install_rnn_converters() -> None:
+def _install_converters() -> None:
+    """hetpart's converters for ONNX ops TVM's importer lacks: the recurrent ones (unrolled) and the others."""
+    from tvm_passes.onnx_converters import install_onnx_converters
     from tvm_passes.rnn import install_onnx_rnn_converters
 
     install_onnx_rnn_converters()
+    install_onnx_converters()
 
 
 def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str | None,
@@ -221,7 +224,7 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
     model = _load_onnx(path)
     inputs = _onnx_inputs(model)
     bound = _bind_shapes(path, inputs, input_shapes)
-    _install_rnn_converters()
+    _install_converters()
     shapes = [f"{n}:{','.join(map(str, d))}" for n, d in bound.items()]
     _check_onnx_ops_supported(model, path, lambda m: onnxslim.slim(_copy_model(m), input_shapes=shapes))
     model, upgrade = onnx_opsets.upgrade_for_tvm(model, _onnx_convert_map(), path.name)

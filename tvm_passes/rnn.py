@@ -59,6 +59,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
 from hetpart.partition.slices import parse_rnn_tag
+from tvm_passes.onnx_converters import constant_value, wrap_convert_map
 from tvm_passes.rnn_activations import DEFAULT_ACTIVATIONS, CellActivations, activation_problems, cell_activations
 from tvm_passes.rnn_cells import CELL_STEPS, GATE_COUNT, Emitter, cell_weights, rnn_tag_name
 from tvm_passes.rnn_slices import (InputSlices, RnnImportOptions, StepSequence, current_options,
@@ -141,17 +142,6 @@ def _static_dims(expr: relax.Expr, what: str, where: str) -> list[int]:
     return dims
 
 
-def _constant_value(expr: relax.Expr | None, params) -> np.ndarray | None:
-    """The value of a constant or of a parameter kept as a function input, else None."""
-    if isinstance(expr, tvm.ir.expr.Constant):
-        return expr.value.numpy()
-    if isinstance(expr, relax.Var) and params is not None and len(params) > 1:
-        entry = params[1].get(expr.name)
-        if entry is not None and entry[0].same_as(expr):
-            return entry[1].numpy()
-    return None
-
-
 def _parse_spec(op_type: str, inputs, attrs: dict, params) -> _RnnSpec:
     node_name = attrs.get("tvm_custom", {}).get("name", "") or "<unnamed>"
     where = f"{op_type} node '{node_name}'"
@@ -185,7 +175,7 @@ def _sequence_lens(lens: relax.Expr | None, params, seq_len: int, batch: int,
     one may be 0."""
     if lens is None:
         return None, False
-    value = _constant_value(lens, params)
+    value = constant_value(lens, params)
     if value is None:
         dims = _static_dims(lens, "sequence_lens", where)
         dtype = str(lens.ty.dtype)
@@ -346,15 +336,5 @@ _CONVERTERS = {op_type: _make_converter(op_type) for op_type in RNN_OP_TYPES}
 
 def install_onnx_rnn_converters() -> None:
     """Register the LSTM, GRU and RNN converters with the Relax ONNX frontend (idempotent)."""
-    current = _onnx_frontend._get_convert_map
-    if getattr(current, "_hetpart_rnn", False):
-        return
-
-    def convert_map_with_rnn():
-        convert_map = dict(current())
-        convert_map.update(_CONVERTERS)
-        return convert_map
-
-    convert_map_with_rnn._hetpart_rnn = True
-    _onnx_frontend._get_convert_map = convert_map_with_rnn
-    logger.debug("registered ONNX converters for %s", ", ".join(RNN_OP_TYPES))
+    if wrap_convert_map("rnn", lambda convert_map: convert_map.update(_CONVERTERS)):
+        logger.debug("registered ONNX converters for %s", ", ".join(RNN_OP_TYPES))

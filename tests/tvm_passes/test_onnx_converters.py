@@ -1,0 +1,169 @@
+"""hetpart's converters for ONNX ops TVM 0.27 lacks (STFT, DFT, ReverseSequence, Celu, LpNormalization): numerics
+against onnxruntime, typed errors, idempotent registration, and an exported torch STFT front end end to end."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import tvm
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend
+
+from hetpart.errors import UnsupportedOpError
+from tvm_passes.onnx_converters import CONVERTED_OP_TYPES, install_onnx_converters
+from tvm_passes.rnn import install_onnx_rnn_converters
+
+pytestmark = pytest.mark.tvm
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _converters():
+    install_onnx_converters()
+
+
+def _model(node: onnx.NodeProto, inputs: dict[str, np.ndarray], initializers: dict[str, np.ndarray],
+           opset: int) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [node], node.op_type.lower(),
+        [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+         for name, v in inputs.items()],
+        [helper.make_tensor_value_info(node.output[0], TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, name) for name, v in initializers.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+def _assert_matches_onnxruntime(node, inputs, initializers=None, opset=17, rtol=1e-4, atol=1e-4):
+    model = _model(node, inputs, initializers or {}, opset)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, inputs)[0]
+    mod, params = relax.frontend.detach_params(relax.frontend.onnx.from_onnx(model))
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(v) for v in inputs.values()]).numpy()
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol * max(1.0, float(np.abs(expected).max())))
+
+
+RNG = np.random.default_rng(0)
+
+
+def _hann(n: int) -> np.ndarray:
+    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / n)).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", ["window_onesided", "window_full", "frame_length_only", "complex",
+                                  "window_and_frame_length", "signal_without_channel_axis"])
+def test_stft_matches_onnxruntime(case):
+    shape = (2, 1000) if case == "signal_without_channel_axis" else (2, 1000, 2 if case == "complex" else 1)
+    signal = RNG.standard_normal(shape).astype(np.float32)
+    inits = {"step": np.array(96, np.int64)}
+    names = ["signal", "step"]
+    if case != "frame_length_only":
+        inits["window"] = _hann(256)
+        names.append("window")
+    if case in ("frame_length_only", "window_and_frame_length"):
+        inits["length"] = np.array(256, np.int64)
+        names += [""] * (3 - len(names)) + ["length"]
+    onesided = 0 if case in ("window_full", "complex") else 1
+    node = helper.make_node("STFT", names, ["y"], onesided=onesided)
+    _assert_matches_onnxruntime(node, {"signal": signal}, inits)
+
+
+@pytest.mark.parametrize("opset,attrs,shape,length,axis", [
+    (17, {"axis": 1, "onesided": 1}, (2, 64, 1), None, None),
+    (17, {"axis": 1}, (3, 50, 2), None, None),
+    (17, {"axis": 1, "inverse": 1}, (3, 50, 2), None, None),
+    (17, {"axis": 2}, (2, 5, 40, 1), 48, None),                 # zero-padded to 48
+    (17, {"axis": 1}, (2, 40, 3, 2), 32, None),                 # cut to 32, a batch axis after the signal axis
+    (20, {}, (2, 5, 40, 2), None, None),                        # the default axis -2
+    (20, {"onesided": 1}, (2, 30, 4, 1), None, 1),
+])
+def test_dft_matches_onnxruntime(opset, attrs, shape, length, axis):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    inits, names = {}, ["x"]
+    if length is not None or axis is not None:
+        names.append("length" if length is not None else "")
+        if length is not None:
+            inits["length"] = np.array(length, np.int64)
+    if axis is not None:
+        names.append("axis")
+        inits["axis"] = np.array(axis, np.int64)
+    _assert_matches_onnxruntime(helper.make_node("DFT", names, ["y"], **attrs), {"x": x}, inits, opset=opset)
+
+
+@pytest.mark.parametrize("time_axis,shape", [(0, (6, 3, 4)), (1, (3, 6, 4, 2)), (0, (5, 2))])
+def test_reverse_sequence_matches_onnxruntime(time_axis, shape):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    batch = shape[1 - time_axis]
+    lens = np.array([shape[time_axis], 1, 3][:batch], np.int64)
+    node = helper.make_node("ReverseSequence", ["x", "lens"], ["y"], time_axis=time_axis, batch_axis=1 - time_axis)
+    _assert_matches_onnxruntime(node, {"x": x, "lens": lens}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op_type,attrs", [("Celu", {}), ("Celu", {"alpha": 0.5}),
+                                           ("LpNormalization", {"p": 2, "axis": 1}),
+                                           ("LpNormalization", {"p": 1, "axis": -1})])
+def test_elementwise_and_normalization_match_onnxruntime(op_type, attrs):
+    x = (RNG.standard_normal((2, 7, 5)) * 2).astype(np.float32)
+    _assert_matches_onnxruntime(helper.make_node(op_type, ["x"], ["y"], **attrs), {"x": x}, opset=17)
+
+
+def test_what_sets_a_shape_must_be_a_constant():
+    signal = np.zeros((1, 500, 1), np.float32)
+    node = helper.make_node("STFT", ["signal", "step", "window"], ["y"], name="spec")
+    model = _model(node, {"signal": signal, "step": np.array(64, np.int64)}, {"window": _hann(128)}, 17)
+    with pytest.raises(UnsupportedOpError, match="STFT node 'spec': frame_step must be a constant scalar"):
+        relax.frontend.onnx.from_onnx(model)
+    node = helper.make_node("STFT", ["signal", "step", "window"], ["y"], name="spec")
+    model = _model(node, {"signal": np.zeros((1, 500, 2), np.float32)},
+                   {"step": np.array(64, np.int64), "window": _hann(128)}, 17)
+    with pytest.raises(UnsupportedOpError, match="onesided=1 takes a real signal"):
+        relax.frontend.onnx.from_onnx(model)
+
+
+def test_registration_is_idempotent_with_the_rnn_converters():
+    install_onnx_rnn_converters()
+    for _ in range(3):
+        install_onnx_converters()
+        install_onnx_rnn_converters()
+    wrapper = onnx_frontend._get_convert_map
+    assert {"rnn", "converters"} <= wrapper._hetpart_installed
+    convert_map = wrapper()
+    assert all(op in convert_map for op in (*CONVERTED_OP_TYPES, "LSTM", "GRU", "RNN"))
+    install_onnx_converters()
+    assert onnx_frontend._get_convert_map is wrapper, "a second install wraps nothing more"
+
+
+def test_torch_stft_front_end_compiles_and_matches_torch(tmp_path):
+    """torch.stft(return_complex=False), as older audio code writes it, exports to ONNX STFT (TorchScript
+    exporter, opset 17); a log-power spectrogram and a conv head on it compile for a CPU and an emulated GPU."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    import hetpart
+
+    class Spectrogram(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("window", torch.hann_window(400))
+            self.conv = torch.nn.Conv1d(201, 32, 3, padding=1)
+
+        def forward(self, wave):
+            spec = torch.stft(wave, n_fft=400, hop_length=160, window=self.window, center=False,
+                              return_complex=False)
+            power = torch.log(spec.pow(2).sum(-1) + 1e-6)
+            return torch.relu(self.conv(power))
+
+    torch.manual_seed(0)
+    module = Spectrogram().eval()
+    wave = torch.randn(2, 4000)
+    path = tmp_path / "spectrogram.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (wave,), str(path), dynamo=False, opset_version=17)
+    assert "STFT" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    compiled = hetpart.compile(str(path), devices="cpu,gpu=t4", method="all_gpu", pins={"op:relax.matmul": "cpu"})
+    assert set(compiled.plan.device_of) == {"cpu", "gpu"}
+    with torch.no_grad():
+        expected = module(wave).numpy()
+    np.testing.assert_allclose(compiled(wave.numpy())[0], expected, rtol=1e-3, atol=1e-3)

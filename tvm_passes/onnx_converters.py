@@ -1,0 +1,275 @@
+"""ONNX ops TVM 0.27's Relax importer has no converter for, found in exported inference models: ``STFT`` and
+``DFT`` (audio front ends: torch's ``stft(..., return_complex=False)`` exports ``STFT``), ``ReverseSequence``
+(tf2onnx's bidirectional recurrent layers reverse each sequence within its own length), ``Celu`` and
+``LpNormalization``.
+
+Shapes are static here (hetpart binds input shapes before import), so a transform is a matmul with a constant
+matrix of cosines and sines (exact to float32 rounding, where onnxruntime runs an FFT), and ``ReverseSequence`` a
+gather along the time axis with indices computed from the lengths. Every converter matches onnxruntime
+(``tests/tvm_passes/test_onnx_converters.py``). :func:`install_onnx_converters` registers them by wrapping
+``onnx_frontend._get_convert_map``, as :mod:`tvm_passes.rnn` registers the recurrent ones; anything a converter
+cannot take (a frame step computed at run time, a complex signal made one-sided) raises
+:class:`hetpart.errors.UnsupportedOpError` naming the node and what is supported.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
+
+from hetpart.errors import UnsupportedOpError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CONVERTED_OP_TYPES", "constant_value", "install_onnx_converters", "wrap_convert_map"]
+
+
+def constant_value(expr: relax.Expr | None, params: Any) -> np.ndarray | None:
+    """The value of a constant or of a parameter kept as a function input, else None."""
+    if isinstance(expr, tvm.ir.expr.Constant):
+        return expr.value.numpy()
+    if isinstance(expr, relax.Var) and params is not None and len(params) > 1:
+        entry = params[1].get(expr.name)
+        if entry is not None and entry[0].same_as(expr):
+            return entry[1].numpy()
+    return None
+
+
+def _where(op_type: str, attrs: dict) -> str:
+    return f"{op_type} node '{attrs.get('tvm_custom', {}).get('name', '') or '<unnamed>'}'"
+
+
+def _shape(expr: relax.Expr, what: str, where: str) -> list[int]:
+    dims = []
+    for dim in expr.ty.shape.values:
+        if not isinstance(dim, tvm.tirx.IntImm):
+            raise UnsupportedOpError(f"{where}: {what} has symbolic shape {list(expr.ty.shape.values)}; bind the "
+                                     "input shapes when importing (--input-shape NAME=DIMS)")
+        dims.append(int(dim))
+    return dims
+
+
+def _constant_int(expr: relax.Expr | None, params: Any, what: str, where: str) -> int | None:
+    """A scalar integer input that must be known at import (it sets an output shape); None when absent."""
+    if expr is None:
+        return None
+    value = constant_value(expr, params)
+    if value is None or value.size != 1:
+        raise UnsupportedOpError(f"{where}: {what} must be a constant scalar (it sets the output's shape); found "
+                                 f"{'a value computed at run time' if value is None else value.shape}")
+    return int(value.reshape(()))
+
+
+def _dft_matrix(length: int, bins: int, inverse: bool, complex_input: bool, dtype: str) -> relax.Constant:
+    """[length * c, bins * 2] with c = 2 for a complex input (rows: the real parts, then the imaginary parts): a
+    signal's row times it gives (re, im) of every bin, interleaved."""
+    n = np.arange(length)[:, None]
+    k = np.arange(bins)[None, :]
+    angle = 2.0 * np.pi * ((n * k) % length) / length
+    sign = 1.0 if inverse else -1.0
+    cos, sin = np.cos(angle), sign * np.sin(angle)
+    real_rows = np.stack([cos, sin], axis=-1).reshape(length, 2 * bins)           # x_re -> (re, im)
+    rows = [real_rows]
+    if complex_input:
+        rows.append(np.stack([-sin, cos], axis=-1).reshape(length, 2 * bins))     # x_im -> (re, im)
+    matrix = np.concatenate(rows, axis=0)
+    if inverse:
+        matrix = matrix / length
+    return relax.const(matrix.astype(dtype))
+
+
+def _transform_last_axis(bb: relax.BlockBuilder, x: relax.Expr, lead: list[int], length: int, channels: int,
+                         bins: int, inverse: bool, dtype: str) -> relax.Expr:
+    """``x`` [*lead, length, channels] (channels 1: real, 2: complex) -> [*lead, bins, 2]."""
+    rows = int(np.prod(lead)) if lead else 1
+    flat = bb.emit(relax.op.reshape(x, [rows, length, channels]))
+    if channels == 2:            # [rows, 2 * length]: the real parts, then the imaginary parts
+        flat = bb.emit(relax.op.permute_dims(flat, [0, 2, 1]))
+    flat = bb.emit(relax.op.reshape(flat, [rows, length * channels]))
+    spectrum = bb.emit(relax.op.matmul(flat, _dft_matrix(length, bins, inverse, channels == 2, dtype)))
+    return bb.emit(relax.op.reshape(spectrum, [*lead, bins, 2]))
+
+
+class Stft(_onnx_frontend.OnnxOpConverter):
+    """ONNX STFT: frames of ``frame_length`` every ``frame_step`` samples, each times the window, transformed."""
+
+    @classmethod
+    def _impl_v17(cls, bb, inputs, attr, params):
+        where = _where("STFT", attr)
+        signal = inputs[0]
+        dims = _shape(signal, "the signal", where)
+        if len(dims) == 2:               # [batch, samples]: a real signal (torch exports it so; onnxruntime takes it)
+            signal = bb.emit(relax.op.expand_dims(signal, 2))
+            dims.append(1)
+        if len(dims) != 3 or dims[2] not in (1, 2):
+            raise UnsupportedOpError(f"{where}: the signal must be [batch, samples, 1] (real) or [batch, samples, 2] "
+                                     f"(complex); found shape {dims}")
+        batch, samples, channels = dims
+        step = _constant_int(inputs[1], params, "frame_step", where)
+        window = inputs[2] if len(inputs) > 2 else None
+        frame_length = _constant_int(inputs[3] if len(inputs) > 3 else None, params, "frame_length", where)
+        window_length = _shape(window, "the window", where)[0] if window is not None else None
+        if frame_length is None and window_length is None:
+            raise UnsupportedOpError(f"{where}: give a window or a frame_length (the ONNX STFT needs one)")
+        length = frame_length if frame_length is not None else window_length
+        if window_length is not None and window_length != length:
+            raise UnsupportedOpError(f"{where}: the window has {window_length} samples, frame_length is {length}; "
+                                     "they must be equal")
+        onesided = bool(int(attr.get("onesided", 1)))
+        if onesided and channels == 2:
+            raise UnsupportedOpError(f"{where}: onesided=1 takes a real signal ([batch, samples, 1]); found a "
+                                     "complex one. Set onesided=0")
+        if step is None or step < 1 or length > samples:
+            raise UnsupportedOpError(f"{where}: frame_step must be >= 1 and the frame ({length} samples) no longer "
+                                     f"than the signal ({samples}); found frame_step={step}")
+        frames = (samples - length) // step + 1
+        index = relax.const(np.arange(frames)[:, None] * step + np.arange(length)[None, :], "int64")
+        framed = bb.emit(relax.op.take(signal, index, axis=1))              # [batch, frames, length, channels]
+        if window is not None:
+            framed = bb.emit(relax.op.multiply(framed, bb.emit(relax.op.reshape(window, [1, 1, length, 1]))))
+        bins = length // 2 + 1 if onesided else length
+        return _transform_last_axis(bb, framed, [batch, frames], length, channels, bins, False,
+                                    str(signal.ty.dtype))
+
+
+class Dft(_onnx_frontend.OnnxOpConverter):
+    """ONNX DFT along one signal axis (zero-padded or cut to ``dft_length``), forward or inverse, one-sided for a
+    real signal; opset 17 takes the axis as an attribute, opset 20 as an input."""
+
+    @classmethod
+    def _convert(cls, bb, x, length_input, axis, attr, params):
+        where = _where("DFT", attr)
+        dims = _shape(x, "the input", where)
+        channels, rank = dims[-1], len(dims) - 1             # the last axis holds (re) or (re, im)
+        if channels not in (1, 2):
+            raise UnsupportedOpError(f"{where}: the last axis must hold 1 (real) or 2 (complex) values; found "
+                                     f"{channels}")
+        axis = axis % (rank + 1)
+        if axis >= rank:
+            raise UnsupportedOpError(f"{where}: axis {axis} is the real/imaginary axis; choose a signal axis")
+        inverse, onesided = bool(int(attr.get("inverse", 0))), bool(int(attr.get("onesided", 0)))
+        if onesided and (inverse or channels == 2):
+            raise UnsupportedOpError(f"{where}: onesided=1 is supported for a forward DFT of a real signal")
+        length = _constant_int(length_input, params, "dft_length", where) or dims[axis]
+        order = [d for d in range(rank) if d != axis] + [axis, rank]
+        moved = bb.emit(relax.op.permute_dims(x, order))                   # [*rest, n, channels]
+        n = dims[axis]
+        if length < n:
+            moved = bb.emit(relax.op.strided_slice(moved, axes=[rank - 1], begin=[0], end=[length]))
+        elif length > n:
+            pad = [0] * (2 * (rank + 1))
+            pad[2 * (rank - 1) + 1] = length - n
+            moved = bb.emit(relax.op.nn.pad(moved, pad))
+        rest = [dims[d] for d in range(rank) if d != axis]
+        bins = length // 2 + 1 if onesided else length
+        out = _transform_last_axis(bb, moved, rest, length, channels, bins, inverse, str(x.ty.dtype))
+        back = list(range(rank - 1))
+        back.insert(axis, rank - 1)                                         # the bins return to the signal axis
+        return bb.emit(relax.op.permute_dims(out, back + [rank]))
+
+    @classmethod
+    def _impl_v17(cls, bb, inputs, attr, params):
+        return cls._convert(bb, inputs[0], inputs[1] if len(inputs) > 1 else None, int(attr.get("axis", 1)), attr,
+                            params)
+
+    @classmethod
+    def _impl_v20(cls, bb, inputs, attr, params):
+        axis = _constant_int(inputs[2] if len(inputs) > 2 else None, params, "axis", _where("DFT", attr))
+        return cls._convert(bb, inputs[0], inputs[1] if len(inputs) > 1 else None, -2 if axis is None else axis,
+                            attr, params)
+
+
+class ReverseSequence(_onnx_frontend.OnnxOpConverter):
+    """ONNX ReverseSequence: each batch entry's first ``sequence_lens[b]`` steps reversed, the rest kept."""
+
+    @classmethod
+    def _impl_v10(cls, bb, inputs, attr, params):
+        where = _where("ReverseSequence", attr)
+        x, lens = inputs[0], inputs[1]
+        dims = _shape(x, "the input", where)
+        time_axis, batch_axis = int(attr.get("time_axis", 0)), int(attr.get("batch_axis", 1))
+        if {time_axis, batch_axis} != {0, 1}:
+            raise UnsupportedOpError(f"{where}: time_axis and batch_axis must be 0 and 1 (in either order); found "
+                                     f"{time_axis} and {batch_axis}")
+        steps, batch = dims[time_axis], dims[batch_axis]
+        lens = bb.emit(relax.op.astype(lens, "int64"))
+        time = relax.const(np.arange(steps).reshape([steps, 1] if time_axis == 0 else [1, steps]), "int64")
+        lens = bb.emit(relax.op.reshape(lens, [1, batch] if time_axis == 0 else [batch, 1]))
+        source = bb.emit(relax.op.where(bb.emit(relax.op.less(time, lens)),
+                                        bb.emit(relax.op.subtract(bb.emit(relax.op.subtract(lens, time)),
+                                                                  relax.const(1, "int64"))),
+                                        bb.emit(relax.op.broadcast_to(time, [dims[0], dims[1]]))))
+        rest = dims[2:]
+        index = bb.emit(relax.op.reshape(source, [dims[0], dims[1]] + [1] * len(rest)))
+        index = bb.emit(relax.op.broadcast_to(index, dims))
+        return bb.emit(relax.op.gather_elements(x, index, axis=time_axis))
+
+
+class Celu(_onnx_frontend.OnnxOpConverter):
+    """ONNX Celu: max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+
+    @classmethod
+    def _impl_v12(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        dtype = str(x.ty.dtype)
+        alpha = relax.const(float(attr.get("alpha", 1.0)), dtype)
+        zero = relax.const(0.0, dtype)
+        negative = bb.emit(relax.op.multiply(alpha, bb.emit(relax.op.subtract(
+            bb.emit(relax.op.exp(bb.emit(relax.op.divide(x, alpha)))), relax.const(1.0, dtype)))))
+        return bb.emit(relax.op.add(bb.emit(relax.op.maximum(x, zero)), bb.emit(relax.op.minimum(negative, zero))))
+
+
+class LpNormalization(_onnx_frontend.OnnxOpConverter):
+    """ONNX LpNormalization (p 1 or 2) along one axis: x / ||x||_p, as onnxruntime computes it (no epsilon)."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        x = inputs[0]
+        axis, p = int(attr.get("axis", -1)), int(attr.get("p", 2))
+        if p not in (1, 2):
+            raise UnsupportedOpError(f"{_where('LpNormalization', attr)}: p must be 1 or 2; found {p}")
+        if p == 1:
+            norm = bb.emit(relax.op.sum(bb.emit(relax.op.abs(x)), axis=[axis], keepdims=True))
+        else:
+            norm = bb.emit(relax.op.sqrt(bb.emit(relax.op.sum(bb.emit(relax.op.multiply(x, x)), axis=[axis],
+                                                              keepdims=True))))
+        return bb.emit(relax.op.divide(x, norm))
+
+
+_CONVERTERS = {"STFT": Stft, "DFT": Dft, "ReverseSequence": ReverseSequence, "Celu": Celu,
+               "LpNormalization": LpNormalization}
+CONVERTED_OP_TYPES: Sequence[str] = tuple(_CONVERTERS)
+
+
+def install_onnx_converters() -> None:
+    """Register this module's converters with the Relax ONNX frontend (idempotent); TVM's own, where it has one,
+    stays in use."""
+    def add_ours(convert_map: dict) -> None:
+        for op_type, converter in _CONVERTERS.items():
+            convert_map.setdefault(op_type, converter)
+
+    if wrap_convert_map("converters", add_ours):
+        logger.debug("registered ONNX converters for %s", ", ".join(_CONVERTERS))
+
+
+def wrap_convert_map(label: str, update: Any) -> bool:
+    """Wrap ``onnx_frontend._get_convert_map`` so that ``update(convert_map)`` edits every map it returns, once per
+    ``label`` however often it is called (the wrappers record the labels installed below them); True when it
+    wrapped now."""
+    current = _onnx_frontend._get_convert_map
+    installed = frozenset(getattr(current, "_hetpart_installed", ()))
+    if label in installed:
+        return False
+
+    def convert_map():
+        found = dict(current())
+        update(found)
+        return found
+
+    convert_map._hetpart_installed = installed | {label}
+    _onnx_frontend._get_convert_map = convert_map
+    return True
