@@ -37,7 +37,7 @@ def _layout_fold(call):
         target_shape = [int(s) for s in out_ty.shape.values]
     except (TypeError, ValueError, AttributeError):
         return None  # symbolic shape: leave it to TVM
-    return relax.const(np.ascontiguousarray(value.reshape(target_shape)), str(out_ty.dtype))
+    return relax.const(np.asarray(value.reshape(target_shape), order="C"), str(out_ty.dtype))   # 0-D stays 0-D
 
 
 def _tvm_fold(call):

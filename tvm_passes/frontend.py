@@ -9,8 +9,10 @@ ONNX
   3. list *every* op type no converter exists for, with counts (UnsupportedOpError) — not only the first;
   4. upgrade an older-opset model whose nodes TVM would convert with a converter made for another op form (e.g.
      Slice with starts/ends attributes, opset < 10) to the lowest opset where none remain (``tvm_passes.onnx_opsets``);
-  5. fold shape-computation chains and Conv+BatchNorm for those fixed shapes with onnxslim;
-  6. ``from_onnx`` with hetpart's LSTM/GRU/RNN converters installed (``tvm_passes.rnn``); a failure names the node.
+  5. fold shape-computation chains and Conv+BatchNorm for those fixed shapes with onnxslim, then unroll Loop and
+     Scan nodes whose trip count those shapes fix (``tvm_passes.onnx_loops``);
+  6. ``from_onnx`` with hetpart's LSTM/GRU/RNN converters (``tvm_passes.rnn``) and its converters for other ops
+     TVM lacks (``tvm_passes.onnx_converters``) installed; a failure names the node.
 PyTorch
   ``torch.export`` + ``from_exported_program`` with the negative-index ``select.int`` fix (TVM 0.27 turns
   ``y[-1]`` into an out-of-bounds ``take(mode="fast")``).
@@ -37,7 +39,7 @@ import numpy as np
 
 from hetpart.errors import MissingInputShapeError, ModelLoadError, UnsupportedOpError
 from hetpart.graph import TensorSpec
-from tvm_passes import onnx_opsets
+from tvm_passes import onnx_loops, onnx_opsets
 from tvm_passes.bindings import first_data_dependent_binding
 from tvm_passes.constant_folding import fold_constants
 from tvm_passes.conv1d_as_conv2d import conv1d_as_conv2d
@@ -179,9 +181,22 @@ def _copy_model(model):
 
 
 def _unsupported_ops(model) -> dict[str, int]:
-    counts = collections.Counter(
-        n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in model.graph.node)
-    known = _onnx_convert_map()
+    """Op types without a converter, with their counts, in the graph and in the bodies of the Loop and Scan nodes
+    hetpart unrolls before import (tvm_passes.onnx_loops)."""
+    from tvm_passes.onnx_loops import LOOP_OP_TYPES
+
+    counts: collections.Counter = collections.Counter()
+
+    def count(graph) -> None:
+        for n in graph.node:
+            counts[n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"] += 1
+            if n.op_type in LOOP_OP_TYPES:
+                for attr in n.attribute:
+                    if attr.name == "body":
+                        count(attr.g)
+
+    count(model.graph)
+    known = set(_onnx_convert_map()) | set(LOOP_OP_TYPES)
     return {op: c for op, c in sorted(counts.items()) if op not in known}
 
 
@@ -192,6 +207,8 @@ def _check_onnx_ops_supported(model, path: Path, slim: Callable[[Any], Any]) -> 
     if missing:
         try:
             folded = slim(model)
+        except UnsupportedOpError:       # a Loop that cannot be unrolled: its reason is the error to report
+            raise
         except Exception:  # noqa: BLE001 (the unsupported ops are the error to report)
             folded = None
         if folded is not None and not _unsupported_ops(folded):
@@ -225,12 +242,22 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
     inputs = _onnx_inputs(model)
     bound = _bind_shapes(path, inputs, input_shapes)
     _install_converters()
-    shapes = [f"{n}:{','.join(map(str, d))}" for n, d in bound.items()]
-    _check_onnx_ops_supported(model, path, lambda m: onnxslim.slim(_copy_model(m), input_shapes=shapes))
+    shapes = [f"{n}:{','.join(map(str, d))}" for n, d in bound.items() if d]   # a scalar has no dims to bind
+
+    def fold(onnx_model):
+        """Shape computations folded for the bound shapes; then Loop/Scan nodes whose trip count they fix unrolled,
+        and what each iteration's constants make foldable folded (an If on the iteration number)."""
+        folded = onnxslim.slim(onnx_model, input_shapes=shapes)
+        unrolled = onnx_loops.unroll_loops(folded, path.name)
+        return folded if unrolled is None else onnxslim.slim(unrolled)
+
+    _check_onnx_ops_supported(model, path, lambda m: fold(_copy_model(m)))
     model, upgrade = onnx_opsets.upgrade_for_tvm(model, _onnx_convert_map(), path.name)
     param_inputs = _param_inputs(model)
     try:
-        slim = onnxslim.slim(model, input_shapes=shapes)
+        slim = fold(model)
+    except UnsupportedOpError:
+        raise
     except Exception as exc:
         raise ModelLoadError(f"{path.name}: folding shape computations with onnxslim failed for shapes "
                              f"{bound}: {exc}") from exc

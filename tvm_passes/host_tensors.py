@@ -43,7 +43,7 @@ def to_host_tensor(array: np.ndarray, device: Any) -> Any:
             return tvm.runtime.from_dlpack(aligned_copy(array))
         except _FALLBACK_ERRORS:
             pass
-    return tvm.runtime.tensor(np.ascontiguousarray(array), device)
+    return tvm.runtime.tensor(np.asarray(array, order="C"), device)     # a scalar stays 0-D
 
 
 def to_numpy(tensor: Any) -> np.ndarray:

@@ -81,10 +81,10 @@ def sample_inputs(inputs: Sequence[Mapping], graph: OpGraph | None, seed: int = 
     for spec in inputs:
         name, shape, dtype = str(spec["name"]), tuple(int(d) for d in spec["shape"]), np.dtype(str(spec["dtype"]))
         if np.issubdtype(dtype, np.floating):
-            feeds[name] = rng.standard_normal(shape).astype(dtype)
+            feeds[name] = np.asarray(rng.standard_normal(shape)).astype(dtype)     # () gives a Python float
         elif np.issubdtype(dtype, np.integer):
             low, high = ranges.get(name, (0, DEFAULT_INTEGER_HIGH))
-            feeds[name] = rng.integers(low, high, shape).astype(dtype)
+            feeds[name] = np.asarray(rng.integers(low, high, shape)).astype(dtype)
         elif dtype == np.bool_:
             feeds[name] = rng.integers(0, 2, shape).astype(bool)
         else:

@@ -44,5 +44,5 @@ def check_inputs(specs: Sequence[Mapping[str, Any]], args: Sequence[Any], named:
                     f"input {spec['name']!r} indexes a table of {bound} rows (e.g. a vocabulary): its values must lie "
                     f"in [{-bound}, {bound}); found {array[where]} at {list(where)} ({int(outside.sum())} outside). "
                     "Map the ids into the table's range")
-        arrays.append(np.ascontiguousarray(array))
+        arrays.append(np.asarray(array, order="C"))       # not ascontiguousarray: it makes a scalar 1-D
     return arrays

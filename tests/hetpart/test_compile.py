@@ -246,3 +246,34 @@ def test_torch_modules_compile_and_match_torch():
                                    pins={"op:relax.matmul": "cpu"})
         assert set(compiled.plan.device_of) == {"cpu", "gpu"}
         np.testing.assert_allclose(compiled(x.numpy())[0], module(x).detach().numpy(), atol=1e-5)
+
+
+def test_scalar_inputs_and_outputs_keep_their_shape(tmp_path):
+    """A 0-D input (a temperature, a threshold) and a 0-D output (a squeezed constant plus it) stay 0-D through
+    import, constant folding, the mixed build, both runtimes and --check's sampled inputs."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import onnx
+
+    nodes = [helper.make_node("Mul", ["x", "scale"], ["y"]),
+             helper.make_node("Squeeze", ["one", "axes"], ["one_0d"]),
+             helper.make_node("Add", ["one_0d", "scale"], ["z"])]
+    graph = helper.make_graph(
+        nodes, "scalars", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info("scale", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(np.array([1.5], np.float32), "one"),
+         numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    path = tmp_path / "scalars.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
+    compiled = hetpart.compile(str(path), devices="cpu,gpu=t4", pins={"op:relax.multiply": "gpu"})
+    assert [tuple(i["shape"]) for i in compiled.build.manifest.inputs] == [(2, 3), ()]
+    y, z = compiled(np.ones((2, 3), np.float32), np.array(2.5, np.float32))
+    np.testing.assert_array_equal(y, np.full((2, 3), 2.5, np.float32))
+    assert z.shape == () and float(z) == 4.0
+    out = tmp_path / "out"
+    compiled.save(out)
+    run = subprocess.run([sys.executable, "-m", "hetpart", "run", str(out), "--check"], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
