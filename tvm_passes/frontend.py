@@ -183,6 +183,7 @@ def _copy_model(model):
 def _unsupported_ops(model) -> dict[str, int]:
     """Op types without a converter, with their counts, in the graph and in the bodies of the Loop and Scan nodes
     hetpart unrolls before import (tvm_passes.onnx_loops)."""
+    from tvm_passes.onnx_converters import CONTRIB_OP_TYPES
     from tvm_passes.onnx_loops import LOOP_OP_TYPES
 
     counts: collections.Counter = collections.Counter()
@@ -196,7 +197,7 @@ def _unsupported_ops(model) -> dict[str, int]:
                         count(attr.g)
 
     count(model.graph)
-    known = set(_onnx_convert_map()) | set(LOOP_OP_TYPES)
+    known = set(_onnx_convert_map()) | set(LOOP_OP_TYPES) | set(CONTRIB_OP_TYPES)
     return {op: c for op, c in sorted(counts.items()) if op not in known}
 
 

@@ -1,7 +1,7 @@
 """ONNX ops TVM 0.27's Relax importer has no converter for, found in exported inference models: ``STFT`` and
 ``DFT`` (audio front ends: torch's ``stft(..., return_complex=False)`` exports ``STFT``), ``ReverseSequence``
 (tf2onnx's bidirectional recurrent layers reverse each sequence within its own length), ``Celu`` and
-``LpNormalization``.
+``LpNormalization``; and the quantized ops of :mod:`tvm_passes.onnx_quantized`.
 
 Shapes are static here (hetpart binds input shapes before import), so a transform is a matmul with a constant
 matrix of cosines and sines (exact to float32 rounding, where onnxruntime runs an FFT), and ``ReverseSequence`` a
@@ -22,10 +22,11 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
+from tvm_passes.onnx_quantized import CONTRIB_OP_TYPES, QUANTIZED_CONVERTERS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONVERTED_OP_TYPES", "constant_value", "install_onnx_converters", "wrap_convert_map"]
+__all__ = ["CONTRIB_OP_TYPES", "CONVERTED_OP_TYPES", "constant_value", "install_onnx_converters", "wrap_convert_map"]
 
 
 def constant_value(expr: relax.Expr | None, params: Any) -> np.ndarray | None:
@@ -241,8 +242,9 @@ class LpNormalization(_onnx_frontend.OnnxOpConverter):
 
 
 _CONVERTERS = {"STFT": Stft, "DFT": Dft, "ReverseSequence": ReverseSequence, "Celu": Celu,
-               "LpNormalization": LpNormalization}
+               "LpNormalization": LpNormalization, **QUANTIZED_CONVERTERS}
 CONVERTED_OP_TYPES: Sequence[str] = tuple(_CONVERTERS)
+
 
 
 def install_onnx_converters() -> None:

@@ -1,0 +1,80 @@
+"""Quantized ONNX models as onnxruntime's quantizer writes them -- static QOperator (QLinearConv, QLinearMatMul and
+the com.microsoft QLinear ops around them), static QDQ, and dynamic (ConvInteger, MatMulInteger) -- compiled for a
+CPU and an emulated GPU and checked against onnxruntime running the same quantized file."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import hetpart
+
+pytestmark = pytest.mark.tvm
+
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+
+def _float_model(path):
+    """Conv+ReLU, a residual Add, Mul, Sigmoid, LeakyRelu, Concat, global average pool and a MatMul head."""
+    rng = np.random.default_rng(0)
+    weights = {"w1": rng.standard_normal((8, 3, 3, 3)) * 0.4, "b1": rng.standard_normal(8) * 0.1,
+               "w2": rng.standard_normal((8, 8, 3, 3)) * 0.2, "b2": rng.standard_normal(8) * 0.1,
+               "head": rng.standard_normal((16, 10)) * 0.3}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "r1"], ["res"]),
+             helper.make_node("Sigmoid", ["res"], ["gate"]),
+             helper.make_node("Mul", ["res", "gate"], ["silu"]),
+             helper.make_node("LeakyRelu", ["res"], ["leaky"], alpha=0.1),
+             helper.make_node("Concat", ["silu", "leaky"], ["both"], axis=1),
+             helper.make_node("GlobalAveragePool", ["both"], ["pooled"]),
+             helper.make_node("Flatten", ["pooled"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "head"], ["y"])]
+    graph = helper.make_graph(nodes, "float", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
+    return path
+
+
+class _Calibration:
+    def __init__(self):
+        rng = np.random.default_rng(1)
+        self._feeds = iter([{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(8)])
+
+    def get_next(self):
+        return next(self._feeds, None)
+
+
+@pytest.mark.parametrize("how", ["static_qoperator", "static_qoperator_per_channel", "static_qdq", "dynamic"])
+def test_quantized_models_match_onnxruntime(tmp_path, how):
+    source = _float_model(tmp_path / "float.onnx")
+    path = tmp_path / f"{how}.onnx"
+    if how == "dynamic":
+        quantization.quantize_dynamic(str(source), str(path), weight_type=quantization.QuantType.QInt8)
+        expected_ops = {"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"}
+    else:
+        quantization.quantize_static(
+            str(source), str(path), _Calibration(),
+            quant_format=quantization.QuantFormat.QDQ if how == "static_qdq" else quantization.QuantFormat.QOperator,
+            per_channel=how.endswith("per_channel"), activation_type=quantization.QuantType.QUInt8,
+            weight_type=quantization.QuantType.QInt8)
+        expected_ops = {"QuantizeLinear", "DequantizeLinear"} if how == "static_qdq" else {
+            "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
+            "QLinearConcat", "QLinearGlobalAveragePool"}
+    assert expected_ops <= {n.op_type for n in onnx.load(str(path)).graph.node}
+    compiled = hetpart.compile(str(path), devices="cpu,gpu=t4", method="all_gpu",
+                               pins={"op:relax.nn.conv2d": "cpu"})
+    assert set(compiled.plan.device_of) == {"cpu", "gpu"}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        x = rng.standard_normal((1, 3, 16, 16)).astype(np.float32)
+        (expected,) = session.run(None, {"x": x})
+        (got,) = compiled(x)
+        # the last op's output is quantized: one step of its scale is the most a rounding boundary can move it
+        step = float(np.min(np.abs(np.diff(np.unique(expected))))) if np.unique(expected).size > 1 else 1e-6
+        assert float(np.abs(got - expected).max()) <= max(step, 1e-5) * 1.01, how
