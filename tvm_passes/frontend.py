@@ -217,9 +217,13 @@ def _check_onnx_ops_supported(model, path: Path, slim: Callable[[Any], Any]) -> 
                      ", ".join(missing))
             return
         listing = ", ".join(f"{op} x{c}" for op, c in missing.items())
+        fix = "Replace them in the model or register a converter"
+        if any("QLinear" in op or op.endswith(("QuantizeLinear", "Integer")) for op in missing):
+            fix = ("Quantize the float model in QDQ format instead (onnxruntime.quantization.quantize_static(..., "
+                   "quant_format=QuantFormat.QDQ)), which hetpart imports")
         raise UnsupportedOpError(
             f"{path.name}: TVM 0.27's ONNX importer (with hetpart's own converters) cannot import these op types: "
-            f"{listing}. Replace them in the model or register a converter.")
+            f"{listing}. {fix}.")
 
 
 def _install_converters() -> None:

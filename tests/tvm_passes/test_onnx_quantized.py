@@ -78,3 +78,22 @@ def test_quantized_models_match_onnxruntime(tmp_path, how):
         # the last op's output is quantized: one step of its scale is the most a rounding boundary can move it
         step = float(np.min(np.abs(np.diff(np.unique(expected))))) if np.unique(expected).size > 1 else 1e-6
         assert float(np.abs(got - expected).max()) <= max(step, 1e-5) * 1.01, how
+
+
+def test_an_unconverted_quantized_op_gets_the_qdq_route(tmp_path):
+    from hetpart.errors import UnsupportedOpError
+    from tvm_passes.frontend import import_model
+
+    node = helper.make_node("QLinearAveragePool", ["x", "s", "z", "s", "z"], ["y"], domain="com.microsoft",
+                            kernel_shape=[2, 2])
+    graph = helper.make_graph([node], "q", [helper.make_tensor_value_info("x", TensorProto.UINT8, [1, 2, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 2, 2, 2])],
+                              [numpy_helper.from_array(np.array(0.1, np.float32), "s"),
+                               numpy_helper.from_array(np.array(3, np.uint8), "z")])
+    path = tmp_path / "pool.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("com.microsoft", 1)], ir_version=10),
+              str(path))
+    with pytest.raises(UnsupportedOpError, match=r"com.microsoft.QLinearAveragePool x1\. Quantize the float model "
+                                                 r"in QDQ format instead"):
+        import_model(path)
