@@ -11,6 +11,7 @@ import torch
 
 from outside_sequence import (TCN, AudioDecoder, Conformer, EinsumAttn, GruAttn, LstmBatch, MaskedEncoder, Pool1dNet, Tagger,
                       TinyGPT, XVector)
+from outside_formats import FORMAT_MODELS
 from outside_ops import OP_FORM_MODELS
 from outside_vision import ESPCN, FPN, UNet, ViT, Deconv2d, EffNet, Mixer, MobileV3, PointNet, StyleNet
 
@@ -44,3 +45,4 @@ MODELS = {
     ),
 }
 MODELS.update(OP_FORM_MODELS)
+MODELS.update(FORMAT_MODELS)
