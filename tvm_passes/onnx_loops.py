@@ -46,17 +46,19 @@ def unroll_loops(model: onnx.ModelProto, label: str) -> onnx.ModelProto | None:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     shapes = _static_shapes(out)
-    names = _Names(_all_names(out.graph))
+    names = _Names(_all_names(out.graph), opset)
     unrolled = _unroll_graph(out.graph, shapes, {}, names, label)
     log.info("%s: unrolled %d Loop/Scan node(s)", label, unrolled)
     return out
 
 
 class _Names:
-    """Fresh tensor names, none equal to a name already in the model."""
+    """Fresh tensor names, none equal to a name already in the model (and the model's opset, which decides the form
+    of the nodes added)."""
 
-    def __init__(self, taken: set[str]):
+    def __init__(self, taken: set[str], opset: int):
         self.taken = taken
+        self.opset = opset
         self.counter = itertools.count()
 
     def fresh(self, hint: str) -> str:
@@ -205,13 +207,16 @@ def _shared_initializers(body: onnx.GraphProto, names: _Names, tag: str) -> tupl
 
 def _stack(nodes: list, parts: Iterable[str], axis: int, output: str, names: _Names, tag: str,
            initializers: list) -> None:
-    """``output`` = the ``parts`` stacked along a new ``axis`` (Unsqueeze each, Concat)."""
+    """``output`` = the ``parts`` stacked along a new ``axis`` (Unsqueeze each, Concat); Unsqueeze takes its axes as
+    an input from opset 13, as an attribute before."""
     axes = names.fresh(f"{tag}/axes")
-    initializers.append(numpy_helper.from_array(np.array([axis], np.int64), axes))
+    if names.opset >= 13:
+        initializers.append(numpy_helper.from_array(np.array([axis], np.int64), axes))
     expanded = []
     for part in parts:
         expanded.append(names.fresh(f"{tag}/unsqueezed"))
-        nodes.append(helper.make_node("Unsqueeze", [part, axes], [expanded[-1]]))
+        nodes.append(helper.make_node("Unsqueeze", [part, axes], [expanded[-1]]) if names.opset >= 13
+                     else helper.make_node("Unsqueeze", [part], [expanded[-1]], axes=[axis]))
     nodes.append(helper.make_node("Concat", expanded, [output], axis=axis))
 
 

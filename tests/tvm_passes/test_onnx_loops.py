@@ -59,8 +59,9 @@ def _rnn_body(hidden: int, width: int, name: str = "body") -> tuple[onnx.GraphPr
     return body, []
 
 
-@pytest.mark.parametrize("in_axis,in_dir,out_axis,out_dir", [(0, 0, 0, 0), (1, 1, 1, 0), (0, 0, -1, 1)])
-def test_scan_matches_onnxruntime(tmp_path, in_axis, in_dir, out_axis, out_dir):
+@pytest.mark.parametrize("in_axis,in_dir,out_axis,out_dir,opset", [(0, 0, 0, 0, 17), (1, 1, 1, 0, 17),
+                                                                   (0, 0, -1, 1, 17), (1, 0, 1, 1, 11)])
+def test_scan_matches_onnxruntime(tmp_path, in_axis, in_dir, out_axis, out_dir, opset):
     body, _ = _rnn_body(hidden=4, width=5)
     steps = 6
     x_shape = [steps, 3, 5] if in_axis == 0 else [3, steps, 5]
@@ -68,14 +69,14 @@ def test_scan_matches_onnxruntime(tmp_path, in_axis, in_dir, out_axis, out_dir):
                             scan_input_axes=[in_axis], scan_input_directions=[in_dir],
                             scan_output_axes=[out_axis], scan_output_directions=[out_dir])
     path = _save(tmp_path, [node], [_value("h0", [3, 4]), _value("x", x_shape)],
-                 [_value("h_last", [3, 4]), _value("ys", None)])
+                 [_value("h_last", [3, 4]), _value("ys", None)], opset=opset)
     feeds = {"h0": RNG.standard_normal((3, 4)).astype(np.float32),
              "x": RNG.standard_normal(x_shape).astype(np.float32)}
     _assert_matches_onnxruntime(path, feeds)
 
 
 def _loop_model(tmp_path, trip: str, cond_out_node: onnx.NodeProto, extra_nodes=(), extra_inputs=(),
-                initializers=(), body_if: bool = False):
+                initializers=(), body_if: bool = False, opset: int = 17):
     """Loop: v <- v * 0.5 + i (the iteration number as float) + x, scanning out v each iteration."""
     body_nodes = [helper.make_node("Cast", ["i"], ["i_f"], to=F32),
                   helper.make_node("Mul", ["v", "half"], ["v_half"]),
@@ -100,10 +101,11 @@ def _loop_model(tmp_path, trip: str, cond_out_node: onnx.NodeProto, extra_nodes=
     loop = helper.make_node("Loop", [trip, "cond", "v0"], ["v_final", "vs"], body=body)
     inits = [numpy_helper.from_array(np.array(True), "cond"), *initializers]
     return _save(tmp_path, [*extra_nodes, loop], [_value("v0", [2, 3]), _value("x", [2, 3]), *extra_inputs],
-                 [_value("v_final", [2, 3]), _value("vs", None)], inits)
+                 [_value("v_final", [2, 3]), _value("vs", None)], inits, opset=opset)
 
 
-@pytest.mark.parametrize("variant", ["constant_trip", "trip_from_shape", "constant_true_cond", "if_in_body"])
+@pytest.mark.parametrize("variant", ["constant_trip", "trip_from_shape", "constant_true_cond", "if_in_body",
+                                     "opset_11"])
 def test_loop_with_a_fixed_trip_count_matches_onnxruntime(tmp_path, variant):
     passes_cond = helper.make_node("Identity", ["cond_in"], ["cond_out"])
     feeds = {"v0": RNG.standard_normal((2, 3)).astype(np.float32), "x": RNG.standard_normal((2, 3)).astype(np.float32)}
@@ -118,7 +120,7 @@ def test_loop_with_a_fixed_trip_count_matches_onnxruntime(tmp_path, variant):
             "Constant", [], ["cond_out"], value=numpy_helper.from_array(np.array(True), "t"))
         path = _loop_model(tmp_path, "M", cond_out, initializers=[numpy_helper.from_array(np.array(4, np.int64),
                                                                                         "M")],
-                           body_if=variant == "if_in_body")
+                           body_if=variant == "if_in_body", opset=11 if variant == "opset_11" else 17)
     _assert_matches_onnxruntime(path, feeds)
 
 
