@@ -267,15 +267,26 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
             rows, first_time = _step_rows(emit, project(x_slices(emit, lo, hi, d)), spec.time_axis), lo
         emit.step = step
         time = spec.seq_len - 1 - step if spec.reversed_dirs[d] else step
-        h_new, c_new = step_cell(emit, weights, rows[time - first_time], h, c, spec.activations[d])
         if lens is None:
-            h, c, outputs[time] = h_new, c_new, h_new
-        else:       # the entries whose sequence has ended keep their state and output zeros
-            valid = emit(relax.op.less(relax.const(time, "int32"), lens), "valid")
-            outputs[time] = emit(relax.op.where(valid, h_new, relax.const(0, spec.dtype)), "y_masked")
-            h = emit(relax.op.where(valid, h_new, h), "h_kept")
-            if spec.op_type == "LSTM":
-                c = emit(relax.op.where(valid, c_new, c), "c_kept")
+            h, c = step_cell(emit, weights, rows[time - first_time], h, c, spec.activations[d])
+            outputs[time] = h
+            continue
+        # variable lengths: the entries whose sequence has ended keep their state and output zeros
+
+        def valid(what: str, time: int = time) -> relax.Var:
+            # one test per reader, so each fuses into it (a shared one would be a kernel of its own); the time is a
+            # [1, 1] tensor, an argument of the fused kernel: a scalar would be compiled into it, and every step
+            # would then run a kernel of its own instead of sharing one compiled function
+            return emit(relax.op.less(relax.const(np.full((1, 1), time, np.int32)), lens), what)
+
+        def keep_cell(c_new: relax.Expr, c_old: relax.Expr = c) -> relax.Expr:
+            return emit(relax.op.where(valid("valid_c"), c_new, c_old), "c_kept")
+
+        masked = {"cell_mask": keep_cell} if spec.op_type == "LSTM" else {}
+        h_new, c = step_cell(emit, weights, rows[time - first_time], h, c, spec.activations[d], **masked)
+        h = emit(relax.op.where(valid("valid_h"), h_new, h), "h_kept")
+        # from the kept state, so the cell's output has one reader and the mask fuses into the cell kernel
+        outputs[time] = emit(relax.op.where(valid("valid_y"), h, relax.const(0, spec.dtype)), "y_masked")
     emit.step = "out"
     if lens is not None and spec.lens_may_be_zero:     # onnxruntime: the states of an empty sequence are zero
         started = emit(relax.op.greater(lens, relax.const(0, "int32")), "started")

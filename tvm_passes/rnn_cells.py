@@ -7,6 +7,7 @@ weights laid out for ``x @ w_t`` and ``h @ r_t`` (:func:`cell_weights`), and one
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import tvm
@@ -112,11 +113,13 @@ def _gate(emit: Emitter, tensor: relax.Expr, k: int, hidden: int, what: str) -> 
 
 
 def _lstm_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: relax.Expr, act: CellActivations,
-               input_forget: bool = False):
+               input_forget: bool = False, cell_mask: Callable[[relax.Expr], relax.Expr] | None = None):
     """ONNX LSTM, gate order i, o, f, c; peepholes P_i, P_f see C_{t-1} and P_o sees C_t. Activations: f for the
     gates (sigmoid by default), g for the candidate and h for the cell output (tanh). ``input_forget`` couples the
     forget gate to the input gate, f = 1 - i, as onnxruntime computes it (the forget gate's own weights and
-    peephole are then unused)."""
+    peephole are then unused). ``cell_mask`` (variable lengths) maps C_t to the cell state kept, before the output
+    reads it: C_t then has one reader, so the mask fuses into the cell kernel (the output of an entry whose
+    sequence has ended is discarded by the caller's own mask)."""
     op = relax.op
     gates = emit(op.add(x, emit(op.matmul(h, w.r_t), "hr")), "gates")
     hidden = _columns(gates) // 4
@@ -129,6 +132,8 @@ def _lstm_step(emit: Emitter, w: CellWeights, x: relax.Expr, h: relax.Expr, c: r
     f = emit(op.subtract(relax.const(1, i.ty.dtype), i), "f") if input_forget else act.gate(emit, act.f, g_f, "f")
     cand = act.gate(emit, act.g, g_c, "cand")
     c_new = emit(op.add(emit(op.multiply(f, c), "fc"), emit(op.multiply(i, cand), "ic")), "c")
+    if cell_mask is not None:
+        c_new = cell_mask(c_new)
     if w.peepholes is not None:
         g_o = emit(op.add(g_o, emit(op.multiply(w.peepholes[1], c_new), "po_c")), "go_peep")
     o = act.gate(emit, act.f, g_o, "o")
