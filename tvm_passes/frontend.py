@@ -197,7 +197,10 @@ def _unsupported_ops(model) -> dict[str, int]:
                         count(attr.g)
 
     count(model.graph)
-    known = set(_onnx_convert_map()) | set(LOOP_OP_TYPES) | set(CONTRIB_OP_TYPES)
+    converters = set(_onnx_convert_map())
+    # TVM's importer dispatches on the op type alone; the com.microsoft ops it has converters for (FastGelu,
+    # SkipLayerNormalization, Attention, ... of onnxruntime's transformer optimizer) are written for that domain
+    known = converters | {f"com.microsoft.{op}" for op in converters} | set(LOOP_OP_TYPES) | set(CONTRIB_OP_TYPES)
     return {op: c for op, c in sorted(counts.items()) if op not in known}
 
 
@@ -272,6 +275,8 @@ def _import_onnx(path: Path, input_shapes: dict[str, tuple[int, ...]], name: str
         with rnn_import_options(rnn_options), onnx_opsets.converter_prints_to_log():
             mod = from_onnx(for_tvm, shape_dict={n: list(d) for n, d in bound.items()}, dtype_dict=dtypes,
                             keep_params_in_input=False, sanitize_input_names=False)
+    except UnsupportedOpError:          # hetpart's own converters: already names the node, the reason and the fix
+        raise
     except Exception as exc:
         raise onnx_opsets.import_failure(path.name, slim, exc, upgrade) from exc
     digest = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,7 +1,8 @@
 """ONNX ops TVM 0.27's Relax importer has no converter for, found in exported inference models: ``STFT`` and
 ``DFT`` (audio front ends: torch's ``stft(..., return_complex=False)`` exports ``STFT``), ``ReverseSequence``
 (tf2onnx's bidirectional recurrent layers reverse each sequence within its own length), ``Celu`` and
-``LpNormalization``; and the quantized ops of :mod:`tvm_passes.onnx_quantized`.
+``LpNormalization``; the quantized ops of :mod:`tvm_passes.onnx_quantized` and onnxruntime's transformer contrib ops
+of :mod:`tvm_passes.onnx_contrib`.
 
 Shapes are static here (hetpart binds input shapes before import), so a transform is a matmul with a constant
 matrix of cosines and sines (exact to float32 rounding, where onnxruntime runs an FFT), and ``ReverseSequence`` a
@@ -22,6 +23,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
+from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
 from tvm_passes.onnx_quantized import CONTRIB_OP_TYPES, QUANTIZED_CONVERTERS
 
 logger = logging.getLogger(__name__)
@@ -243,7 +245,7 @@ class LpNormalization(_onnx_frontend.OnnxOpConverter):
 
 _CONVERTERS = {"STFT": Stft, "DFT": Dft, "ReverseSequence": ReverseSequence, "Celu": Celu,
                "LpNormalization": LpNormalization, **QUANTIZED_CONVERTERS}
-CONVERTED_OP_TYPES: Sequence[str] = tuple(_CONVERTERS)
+CONVERTED_OP_TYPES: Sequence[str] = (*_CONVERTERS, *CONTRIB_CONVERTERS)
 
 
 
@@ -253,6 +255,11 @@ def install_onnx_converters() -> None:
     def add_ours(convert_map: dict) -> None:
         for op_type, converter in _CONVERTERS.items():
             convert_map.setdefault(op_type, converter)
+        for op_type, converter in CONTRIB_CONVERTERS.items():
+            if op_type in OVERRIDDEN_OP_TYPES:
+                convert_map[op_type] = converter
+            else:
+                convert_map.setdefault(op_type, converter)
 
     if wrap_convert_map("converters", add_ours):
         logger.debug("registered ONNX converters for %s", ", ".join(_CONVERTERS))
