@@ -14,6 +14,7 @@ cannot take (a frame step computed at run time, a complex signal made one-sided)
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Sequence
 
@@ -249,6 +250,44 @@ CONVERTED_OP_TYPES: Sequence[str] = (*_CONVERTERS, *CONTRIB_CONVERTERS)
 
 
 
+@functools.lru_cache(maxsize=None)       # one subclass per TVM class, not one per node converted
+def _resize_refusing_antialias(resize: type) -> type:
+    """TVM's Resize converter, refusing what it would get wrong: it ignores ``antialias`` (opset 18), which changes
+    the result of a resize that shrinks an axis (torch's ``interpolate(..., antialias=True)``); a result of
+    onnxruntime's was off by 66% of its range."""
+
+    class Resize(resize):
+        @classmethod
+        def get_converter(cls, opset):
+            convert = super().get_converter(opset)
+
+            def checked(bb, inputs, attr, params):
+                if int(attr.get("antialias", 0)) and _resize_may_shrink(inputs, params):
+                    raise UnsupportedOpError(
+                        f"{_where('Resize', attr)}: antialias=1 on a resize that shrinks an axis is not supported "
+                        "(TVM's resize has no antialiasing filter); export the model with antialias=False")
+                return convert(bb, inputs, attr, params)
+
+            return checked
+
+    return Resize
+
+
+def _resize_may_shrink(inputs: Sequence[Any], params: Any) -> bool:
+    """Whether a Resize may make an axis shorter: a scale below 1 or a size below the input's (unknown: True)."""
+    scales = constant_value(inputs[2], params) if len(inputs) > 2 and inputs[2] is not None else None
+    sizes = constant_value(inputs[3], params) if len(inputs) > 3 and inputs[3] is not None else None
+    if scales is not None and scales.size:
+        return bool(np.any(scales < 1.0))
+    if sizes is not None and sizes.size:
+        try:
+            dims = [int(d) for d in inputs[0].ty.shape.values]
+        except (TypeError, ValueError):
+            return True
+        return bool(np.any(sizes.reshape(-1)[-len(dims):] < np.array(dims)[-sizes.size:]))
+    return True
+
+
 def install_onnx_converters() -> None:
     """Register this module's converters with the Relax ONNX frontend (idempotent); TVM's own, where it has one,
     stays in use."""
@@ -260,6 +299,8 @@ def install_onnx_converters() -> None:
                 convert_map[op_type] = converter
             else:
                 convert_map.setdefault(op_type, converter)
+        if "Resize" in convert_map:
+            convert_map["Resize"] = _resize_refusing_antialias(convert_map["Resize"])
 
     if wrap_convert_map("converters", add_ours):
         logger.debug("registered ONNX converters for %s", ", ".join(_CONVERTERS))

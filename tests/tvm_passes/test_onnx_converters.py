@@ -167,3 +167,18 @@ def test_torch_stft_front_end_compiles_and_matches_torch(tmp_path):
     with torch.no_grad():
         expected = module(wave).numpy()
     np.testing.assert_allclose(compiled(wave.numpy())[0], expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("scales,antialias,refused", [([1, 1, 0.5, 0.5], 1, True), ([1, 1, 2, 1.5], 1, False),
+                                                      ([1, 1, 0.5, 0.5], 0, False)])
+def test_resize_antialias_that_tvm_would_ignore_is_refused(scales, antialias, refused):
+    """TVM's resize ignores antialias, which changes a shrinking resize (torch's interpolate(antialias=True)):
+    refused there, and left to TVM where it changes nothing (growing) or is off."""
+    x = RNG.standard_normal((1, 2, 8, 8)).astype(np.float32)
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", antialias=antialias, name="rs")
+    inits = {"scales": np.array(scales, np.float32)}
+    if refused:
+        with pytest.raises(UnsupportedOpError, match="Resize node 'rs': antialias=1 on a resize that shrinks"):
+            relax.frontend.onnx.from_onnx(_model(node, {"x": x}, inits, 18))
+    else:
+        _assert_matches_onnxruntime(node, {"x": x}, inits, opset=18)
