@@ -256,21 +256,19 @@ def _resize_refusing_antialias(resize: type) -> type:
     the result of a resize that shrinks an axis (torch's ``interpolate(..., antialias=True)``); a result of
     onnxruntime's was off by 66% of its range."""
 
-    class Resize(resize):
-        @classmethod
-        def get_converter(cls, opset):
-            convert = super().get_converter(opset)
+    def checked(parent_impl: Any) -> Any:
+        def impl(cls, bb, inputs, attr, params):
+            if int(attr.get("antialias", 0)) and _resize_may_shrink(inputs, params):
+                raise UnsupportedOpError(
+                    f"{_where('Resize', attr)}: antialias=1 on a resize that shrinks an axis is not supported "
+                    "(TVM's resize has no antialiasing filter); export the model with antialias=False")
+            return parent_impl(bb, inputs, attr, params)
 
-            def checked(bb, inputs, attr, params):
-                if int(attr.get("antialias", 0)) and _resize_may_shrink(inputs, params):
-                    raise UnsupportedOpError(
-                        f"{_where('Resize', attr)}: antialias=1 on a resize that shrinks an axis is not supported "
-                        "(TVM's resize has no antialiasing filter); export the model with antialias=False")
-                return convert(bb, inputs, attr, params)
+        return classmethod(impl)
 
-            return checked
-
-    return Resize
+    # every version TVM has, each checked first (get_converter still picks among the same versions)
+    versions = {name: checked(getattr(resize, name)) for name in dir(resize) if name.startswith("_impl_v")}
+    return type("Resize", (resize,), {**versions, "__doc__": resize.__doc__})
 
 
 def _resize_may_shrink(inputs: Sequence[Any], params: Any) -> bool:
