@@ -24,6 +24,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
+from tvm_passes.onnx_pooling import max_pool_with_indices
 from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
 from tvm_passes.onnx_quantized import CONTRIB_OP_TYPES, QUANTIZED_CONVERTERS
 
@@ -299,6 +300,8 @@ def install_onnx_converters() -> None:
                 convert_map.setdefault(op_type, converter)
         if "Resize" in convert_map:
             convert_map["Resize"] = _resize_refusing_antialias(convert_map["Resize"])
+        if "MaxPool" in convert_map:
+            convert_map["MaxPool"] = max_pool_with_indices(convert_map["MaxPool"])
 
     if wrap_convert_map("converters", add_ours):
         logger.debug("registered ONNX converters for %s", ", ".join(_CONVERTERS))

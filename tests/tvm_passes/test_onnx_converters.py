@@ -182,3 +182,47 @@ def test_resize_antialias_that_tvm_would_ignore_is_refused(scales, antialias, re
             relax.frontend.onnx.from_onnx(_model(node, {"x": x}, inits, 18))
     else:
         _assert_matches_onnxruntime(node, {"x": x}, inits, opset=18)
+
+
+@pytest.mark.parametrize("attrs,shape", [
+    (dict(kernel_shape=[2, 2], strides=[2, 2]), (2, 3, 8, 8)),
+    (dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), (1, 2, 9, 7)),
+    (dict(kernel_shape=[3, 2], strides=[2, 2], ceil_mode=1), (1, 2, 8, 7)),
+    (dict(kernel_shape=[2, 2], strides=[1, 1], dilations=[2, 2]), (1, 2, 7, 7)),
+    (dict(kernel_shape=[2, 2], strides=[2, 2], storage_order=1), (1, 2, 6, 4)),
+])
+def test_max_pool_indices_match_onnxruntime(attrs, shape):
+    """MaxPool's second output (SegNet-style unpooling): TVM's converter has none. Ties included (rounded
+    inputs): the first maximum in the window, as onnxruntime picks it."""
+    x = np.round(RNG.standard_normal(shape) * 2).astype(np.float32)
+    node = helper.make_node("MaxPool", ["x"], ["y", "indices"], **attrs)
+    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                               helper.make_tensor_value_info("indices", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], ir_version=10)
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    mod, _ = relax.frontend.detach_params(relax.frontend.onnx.from_onnx(model))
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    values, indices = (t.numpy() for t in vm["main"](tvm.runtime.tensor(x)))
+    np.testing.assert_array_equal(values, expected[0])
+    np.testing.assert_array_equal(indices, expected[1])
+
+
+def test_segnet_style_unpooling_compiles_and_matches_onnxruntime(tmp_path):
+    import hetpart
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c"], ["p", "i"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Relu", ["p"], ["r"]),
+             helper.make_node("MaxUnpool", ["r", "i"], ["u"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["u", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "segnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])],
+                              [numpy_helper.from_array(RNG.standard_normal((8, 3, 3, 3)).astype(np.float32), "w"),
+                               numpy_helper.from_array(RNG.standard_normal((4, 8, 3, 3)).astype(np.float32), "w2")])
+    path = tmp_path / "segnet.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], ir_version=10), str(path))
+    compiled = hetpart.compile(str(path), devices="cpu,gpu=t4", method="all_gpu", pins={"op:relax.nn.conv2d": "cpu"})
+    x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
+    (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(compiled(x)[0], expected, atol=1e-4, rtol=1e-5)
