@@ -20,6 +20,13 @@ column per row). Where column vectors already did well (28x28, 7x7 and 13x13 map
 channels padded to 48 on 28x28, 0.60x onnxruntime's time); the control (200 channels, not padded) moved 1.00x. An
 earlier run of the same benchmark gave a median of 0.14x, 0.86x onnxruntime's. Fewer than 33 channels are left as
 they are: in a first trial 20 and 12 channels padded to 32 and 16 gained nothing measurable (0.89-0.95x).
+
+Why the (5, 1) conv over a 512 x 1 map stays slow: the slice fuses into the conv's kernel, whose later stages then
+cover 100 of its 112 channels, and ``conv2d_flat`` (the rule for such one-column maps) takes only stages over the
+conv's whole output, so the kernel falls to ``conv2d_nchw``'s column vectors (681 us; the same conv written with 112
+or 128 channels runs 216-255 us under ``conv2d_flat``). Padding to multiples of 32 or 64 instead did not help
+(measured per case in one process). The fix is a flat-rule schedule for a channel-sliced epilogue, or keeping the
+slice out of the conv's kernel.
 """
 from __future__ import annotations
 
