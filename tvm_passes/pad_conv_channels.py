@@ -21,12 +21,10 @@ channels padded to 48 on 28x28, 0.60x onnxruntime's time); the control (200 chan
 earlier run of the same benchmark gave a median of 0.14x, 0.86x onnxruntime's. Fewer than 33 channels are left as
 they are: in a first trial 20 and 12 channels padded to 32 and 16 gained nothing measurable (0.89-0.95x).
 
-Why the (5, 1) conv over a 512 x 1 map stays slow: the slice fuses into the conv's kernel, whose later stages then
-cover 100 of its 112 channels, and ``conv2d_flat`` (the rule for such one-column maps) takes only stages over the
-conv's whole output, so the kernel falls to ``conv2d_nchw``'s column vectors (681 us; the same conv written with 112
-or 128 channels runs 216-255 us under ``conv2d_flat``). Padding to multiples of 32 or 64 instead did not help
-(measured per case in one process). The fix is a flat-rule schedule for a channel-sliced epilogue, or keeping the
-slice out of the conv's kernel.
+On a map one column wide the slice is kept out of the conv's kernel (``tvm_passes.fusion.is_padded_channel_slice``):
+fused, its stages over 100 of the conv's 112 channels sent the kernel from ``conv2d_flat`` to ``conv2d_nchw``'s
+one-lane column vectors (the (5, 1) conv above: 681 us in the kernel, 3.0x onnxruntime; kept apart, 212 + 4 + 4 us).
+Padding to multiples of 32 or 64 instead did not help (measured per case in one process).
 """
 from __future__ import annotations
 
