@@ -21,12 +21,9 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
+from tvm_passes.onnx_nodes import node_label as _where
 
 __all__ = ["CONTRIB_CONVERTERS", "OVERRIDDEN_OP_TYPES"]
-
-
-def _where(op_type: str, attr: dict) -> str:
-    return f"{op_type} node '{attr.get('tvm_custom', {}).get('name', '') or '<unnamed>'}'"
 
 
 def _dims(expr: relax.Expr) -> list[int]:

@@ -24,28 +24,15 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
-from tvm_passes.onnx_pooling import max_pool_with_indices
 from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
+from tvm_passes.onnx_nodes import constant_value, wrap_convert_map
+from tvm_passes.onnx_nodes import node_label as _where
+from tvm_passes.onnx_pooling import max_pool_with_indices
 from tvm_passes.onnx_quantized import CONTRIB_OP_TYPES, QUANTIZED_CONVERTERS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CONTRIB_OP_TYPES", "CONVERTED_OP_TYPES", "constant_value", "install_onnx_converters", "wrap_convert_map"]
-
-
-def constant_value(expr: relax.Expr | None, params: Any) -> np.ndarray | None:
-    """The value of a constant or of a parameter kept as a function input, else None."""
-    if isinstance(expr, tvm.ir.expr.Constant):
-        return expr.value.numpy()
-    if isinstance(expr, relax.Var) and params is not None and len(params) > 1:
-        entry = params[1].get(expr.name)
-        if entry is not None and entry[0].same_as(expr):
-            return entry[1].numpy()
-    return None
-
-
-def _where(op_type: str, attrs: dict) -> str:
-    return f"{op_type} node '{attrs.get('tvm_custom', {}).get('name', '') or '<unnamed>'}'"
+__all__ = ["CONTRIB_OP_TYPES", "CONVERTED_OP_TYPES", "install_onnx_converters"]
 
 
 def _shape(expr: relax.Expr, what: str, where: str) -> list[int]:
@@ -305,22 +292,3 @@ def install_onnx_converters() -> None:
 
     if wrap_convert_map("converters", add_ours):
         logger.debug("registered ONNX converters for %s", ", ".join(_CONVERTERS))
-
-
-def wrap_convert_map(label: str, update: Any) -> bool:
-    """Wrap ``onnx_frontend._get_convert_map`` so that ``update(convert_map)`` edits every map it returns, once per
-    ``label`` however often it is called (the wrappers record the labels installed below them); True when it
-    wrapped now."""
-    current = _onnx_frontend._get_convert_map
-    installed = frozenset(getattr(current, "_hetpart_installed", ()))
-    if label in installed:
-        return False
-
-    def convert_map():
-        found = dict(current())
-        update(found)
-        return found
-
-    convert_map._hetpart_installed = installed | {label}
-    _onnx_frontend._get_convert_map = convert_map
-    return True

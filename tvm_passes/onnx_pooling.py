@@ -17,12 +17,9 @@ import numpy as np
 from tvm import relax
 
 from hetpart.errors import UnsupportedOpError
+from tvm_passes.onnx_nodes import node_label
 
 __all__ = ["max_pool_with_indices"]
-
-
-def _where(attr: dict) -> str:
-    return f"MaxPool node '{attr.get('tvm_custom', {}).get('name', '') or '<unnamed>'}'"
 
 
 def _output_length(length: int, kernel: int, stride: int, dilation: int, pad_begin: int, pad_end: int,
@@ -36,7 +33,7 @@ def _output_length(length: int, kernel: int, stride: int, dilation: int, pad_beg
 
 
 def _pool_with_indices(bb: relax.BlockBuilder, x: relax.Expr, attr: dict) -> relax.Expr:
-    where = _where(attr)
+    where = node_label("MaxPool", attr)
     dims = [int(d) for d in x.ty.shape.values]
     if len(dims) != 4:
         raise UnsupportedOpError(f"{where}: MaxPool with indices is supported for 2-D pooling (NCHW); found rank "

@@ -59,7 +59,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
 from hetpart.partition.slices import parse_rnn_tag
-from tvm_passes.onnx_converters import constant_value, wrap_convert_map
+from tvm_passes.onnx_nodes import constant_value, wrap_convert_map
 from tvm_passes.rnn_activations import DEFAULT_ACTIVATIONS, CellActivations, activation_problems, cell_activations
 from tvm_passes.rnn_cells import CELL_STEPS, GATE_COUNT, Emitter, cell_weights, rnn_tag_name
 from tvm_passes.rnn_slices import (InputSlices, RnnImportOptions, StepSequence, current_options,
