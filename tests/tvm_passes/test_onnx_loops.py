@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
@@ -197,3 +199,20 @@ def test_torch_scripted_loop_compiles_and_matches_torch(tmp_path):
         expected = [t.numpy() for t in module(x)]
     for got, want in zip(compiled(x.numpy()), expected):
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(steps=st.integers(1, 5), in_axis=st.sampled_from([0, 1]), in_dir=st.sampled_from([0, 1]),
+       out_axis=st.sampled_from([0, 1, -1, -3]), out_dir=st.sampled_from([0, 1]), opset=st.sampled_from([11, 17]))
+def test_any_scan_layout_matches_onnxruntime(tmp_path_factory, steps, in_axis, in_dir, out_axis, out_dir, opset):
+    """Scan over any input axis and direction, stacking its outputs on any axis and in either direction."""
+    body, _ = _rnn_body(hidden=4, width=5)
+    x_shape = [steps, 3, 5] if in_axis == 0 else [3, steps, 5]
+    node = helper.make_node("Scan", ["h0", "x"], ["h_last", "ys"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[in_axis], scan_input_directions=[in_dir],
+                            scan_output_axes=[out_axis], scan_output_directions=[out_dir])
+    path = _save(tmp_path_factory.mktemp("scan"), [node], [_value("h0", [3, 4]), _value("x", x_shape)],
+                 [_value("h_last", [3, 4]), _value("ys", None)], opset=opset)
+    rng = np.random.default_rng(steps)
+    _assert_matches_onnxruntime(path, {"h0": rng.standard_normal((3, 4)).astype(np.float32),
+                                       "x": rng.standard_normal(x_shape).astype(np.float32)})
