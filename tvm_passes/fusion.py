@@ -58,7 +58,7 @@ def is_padded_channel_slice(func: tirx.PrimFunc) -> bool:
     and 4 us each for the slice and the ReLU). On wider maps the fused slice is the faster form: with every such
     slice kept apart, 8 of the 14 padded convs of ``benchmarks/conv_channel_padding.py`` ran 1.3-2.1x their time
     relative to onnxruntime in the committed run (the unpadded control moved 1.08x), so those stay fused."""
-    from tvm_passes.pad_conv_channels import _padded_channels
+    from tvm_passes.pad_conv_channels import padded_channels
 
     if len(func.params) != 2:
         return False
@@ -69,7 +69,7 @@ def is_padded_channel_slice(func: tirx.PrimFunc) -> bool:
             return False
         shapes.append([int(d) for d in shape])
     (n, wide, h, w), (n_out, channels, h_out, w_out) = shapes
-    if (n, h, w) != (n_out, h_out, w_out) or w != 1 or channels == wide or _padded_channels(channels) != wide:
+    if (n, h, w) != (n_out, h_out, w_out) or w != 1 or channels == wide or padded_channels(channels) != wide:
         return False
     try:
         sch = s_tir.Schedule(func)

@@ -43,7 +43,9 @@ log = logging.getLogger(__name__)
 HALF_REGISTER_LANES = 8
 
 
-def _padded_channels(channels: int) -> int:
+def padded_channels(channels: int) -> int:
+    """The output channel count a conv with ``channels`` is padded to (``channels`` itself when it is left alone);
+    also how :func:`tvm_passes.fusion.is_padded_channel_slice` recognises the slice back."""
     if channels % HALF_REGISTER_LANES == 0:
         return channels
     return padded_columns(channels, COLUMN_MULTIPLE)
@@ -62,7 +64,7 @@ def _paddable_weight(value: Any) -> np.ndarray | None:
     weight = value.args[1].value.numpy()
     if weight.ndim != 4 or weight.dtype.kind != "f" or weight.shape[0] < MIN_COLUMNS:
         return None
-    return weight if _padded_channels(weight.shape[0]) != weight.shape[0] else None
+    return weight if padded_channels(weight.shape[0]) != weight.shape[0] else None
 
 
 def _channel_bias(value: Any, channels: int) -> np.ndarray | None:
@@ -130,7 +132,7 @@ def _padder_class() -> type:
                     return wide
             channels = value.shape[axis]
             widths = [(0, 0)] * value.ndim
-            widths[axis] = (0, _padded_channels(channels) - channels)
+            widths[axis] = (0, padded_channels(channels) - channels)
             wide = relax.const(np.pad(value, widths))
             self.constants.append((original, wide))
             return wide
