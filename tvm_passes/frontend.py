@@ -22,7 +22,8 @@ Both
   (``tvm_passes.constant_folding``: TVM's pass alone legalizes every op of the graph), so the graph contains
   only the work the deployed executable does; matmuls against constant weights whose column count is not a
   whole number of SIMD vectors get zero-padded weights and a slice (``tvm_passes.pad_columns``: 2.8-22x faster
-  for a GRU's 1950 gate columns, depending on the CPU).
+  for a GRU's 1950 gate columns, depending on the CPU); float16 reductions, normalisations and transcendental
+  functions compute in float32, as onnxruntime's do (``tvm_passes.half_accumulate``).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from tvm_passes.bindings import first_data_dependent_binding
 from tvm_passes.constant_folding import fold_constants
 from tvm_passes.conv1d_as_conv2d import conv1d_as_conv2d
 from tvm_passes.conv_transpose_as_conv import conv_transpose_as_conv
+from tvm_passes.half_accumulate import accumulate_half_in_float32
 from tvm_passes.pad_activation_columns import pad_activation_columns
 from tvm_passes.pad_columns import COLUMN_MULTIPLE, pad_matmul_columns
 from tvm_passes.pad_conv_channels import pad_conv_channels
@@ -425,8 +427,15 @@ def import_model(model: str | Path | Any, *, input_shapes: Sequence[str] | Mappi
         "(tvm_passes.conv_transpose_as_conv)"))
     imported = _rewritten(imported, conv1d_as_conv2d, lambda n: (
         f"rewrote {n} conv1d(s) as (1, k) conv2d(s), which the CPU conv rules schedule (tvm_passes.conv1d_as_conv2d)"))
-    if not pad_columns:
-        return imported
+    if pad_columns:
+        imported = _padded(imported)
+    return _rewritten(imported, accumulate_half_in_float32, lambda n: (
+        f"computing {n} float16 op(s) in float32, as onnxruntime does (reductions, normalisations, transcendental "
+        "functions; tvm_passes.half_accumulate)"))
+
+
+def _padded(imported: ImportedModel) -> ImportedModel:
+    """``imported`` after the rewrites padding matmul columns and conv channels to whole SIMD vectors."""
     imported = _rewritten(imported, pad_conv_channels, lambda n: (
         f"padded the output channels of {n} convolution(s) to a multiple of {COLUMN_MULTIPLE} (whole SIMD "
         "vectors; tvm_passes.pad_conv_channels)"))

@@ -3,6 +3,13 @@
 Used by ``hetpart run --check``. The tolerance defaults are the ones the test suite holds every zoo model to
 (``|ours - reference| <= atol + rtol * |reference|`` with ``rtol = atol = 1e-4``): float32 results of a
 different summation order differ by ~1e-6 relative, and random-weight models reach outputs of 1e2-1e4.
+
+float16 outputs are held to a norm-wise bound instead, ``max |ours - reference| <= half_tolerance * max
+|reference|`` (default 3e-2): a float16 model keeps its activations in float16 between kernels, so its errors grow
+with depth and scale with the output's magnitude, not each element's, while onnxruntime's CPU kernels compute
+float16 ops in float32 and keep chains of them there. torch's own half-precision run of six zoo models lies 3e-4
+to 1.0e-2 (MobileNetV2, a YOLO-style detector) of the output's magnitude from its float32 run; hetpart's float16
+runs 5e-4 to 1.1e-2 (``tvm_passes.half_accumulate``; benchmarks/results/half_precision).
 """
 from __future__ import annotations
 
@@ -20,6 +27,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-4
+DEFAULT_HALF_TOLERANCE = 3e-2     # float16 outputs: max |diff| <= this x max |reference|
+HALF_DTYPES = (np.float16,)
 DEFAULT_INTEGER_HIGH = 2          # integer inputs that index nothing (masks, flags): values 0 or 1
 # the newest ONNX IR version onnxruntime 1.31 loads; newer files are read and handed over at this version
 MAX_ORT_IR_VERSION = 10
@@ -138,34 +147,54 @@ def onnxruntime_reference(onnx_path: str | Path, feeds: Mapping[str, np.ndarray]
 @dataclass(frozen=True)
 class Comparison:
     """How far ``ours`` is from the reference: the worst absolute and relative errors, and whether every
-    element satisfies ``|ours - reference| <= atol + rtol * |reference|``."""
+    element satisfies ``|ours - reference| <= atol + rtol * |reference|`` (float16 outputs: whether ``max |ours -
+    reference| <= half_tolerance * max |reference|``; ``max_half_error`` is the worst such ratio, None without
+    float16 outputs)."""
 
     max_abs_error: float
     max_rel_error: float
     rtol: float
     atol: float
     ok: bool
+    half_tolerance: float = DEFAULT_HALF_TOLERANCE
+    max_half_error: float | None = None
+    full_outputs: bool = True          # whether any output is held to the elementwise bound
 
     def describe(self) -> str:
+        bounds = []
+        if self.full_outputs:
+            bounds.append(f"|diff| <= {self.atol:g} + {self.rtol:g} x |reference|")
+        if self.max_half_error is not None:
+            bounds.append(f"float16 outputs max |diff| <= {self.half_tolerance:g} x max |reference|, found "
+                          f"{self.max_half_error:.3g} x")
         return (f"max |diff| {self.max_abs_error:.3g}, max relative {self.max_rel_error:.3g} "
-                f"({'OK' if self.ok else 'FAILED'}: |diff| <= {self.atol:g} + {self.rtol:g} x |reference|)")
+                f"({'OK' if self.ok else 'FAILED'}: {'; '.join(bounds)})")
 
 
 def compare_outputs(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray], *, rtol: float = DEFAULT_RTOL,
-                    atol: float = DEFAULT_ATOL) -> Comparison:
-    """Compare output lists elementwise like ``numpy.allclose(ours, reference, rtol, atol)``."""
+                    atol: float = DEFAULT_ATOL, half_tolerance: float = DEFAULT_HALF_TOLERANCE) -> Comparison:
+    """Compare output lists elementwise like ``numpy.allclose(ours, reference, rtol, atol)``; an output whose
+    reference is float16 norm-wise, ``max |ours - reference| <= half_tolerance * max |reference|``."""
     if len(ours) != len(reference):
         raise InputMismatchError(f"the compiled model returned {len(ours)} outputs and the reference "
                                  f"{len(reference)}; they are not the same model")
-    max_abs, max_rel, ok = 0.0, 0.0, True
+    max_abs, max_rel, ok, max_half, full = 0.0, 0.0, True, None, False
     for a, b in zip(ours, reference):
+        half = np.asarray(b).dtype in HALF_DTYPES
         a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
         if a.shape != b.shape:
             raise InputMismatchError(f"output shapes differ: {list(a.shape)} against the reference's {list(b.shape)}")
+        full = full or not half
         if a.size == 0:
             continue
         diff = np.abs(a - b)
         max_abs = max(max_abs, float(np.max(diff)))
         max_rel = max(max_rel, float(np.max(diff / np.maximum(np.abs(b), np.finfo(np.float32).tiny))))
-        ok = ok and bool(np.all(diff <= atol + rtol * np.abs(b)))
-    return Comparison(max_abs, max_rel, rtol, atol, ok)
+        if half:
+            scale = float(np.max(np.abs(b)))
+            ratio = float(np.max(diff)) / scale if scale > 0 else float(np.max(diff) > 0) * np.inf
+            max_half = ratio if max_half is None else max(max_half, ratio)
+            ok = ok and ratio <= half_tolerance
+        else:
+            ok = ok and bool(np.all(diff <= atol + rtol * np.abs(b)))
+    return Comparison(max_abs, max_rel, rtol, atol, ok, half_tolerance, max_half, full)

@@ -94,7 +94,7 @@ def _run_loaded(args: argparse.Namespace, runtime) -> int:
                                      "reference (a torch model, or the cache was cleared): recompile from the "
                                      "ONNX file, or compare with --save")
         result = compare_outputs(outputs, onnxruntime_reference(info["onnx_path"], named), rtol=args.rtol,
-                                 atol=args.atol)
+                                 atol=args.atol, half_tolerance=args.half_tolerance)
         console.print(f"check vs onnxruntime: {result.describe()}")
         return 0 if result.ok else 1
     return 0
@@ -139,7 +139,7 @@ def task_runtime_hint(directory: Path, mode: str) -> str | None:
 
 def register(sub: Any, positive_int: Callable[[str], int]) -> None:
     """Add ``run`` to hetpart's subcommands."""
-    from hetpart.driver.check import DEFAULT_ATOL, DEFAULT_RTOL
+    from hetpart.driver.check import DEFAULT_ATOL, DEFAULT_HALF_TOLERANCE, DEFAULT_RTOL
 
     p = sub.add_parser("run", help="run a compiled model directory")
     p.add_argument("directory", type=Path, help="a directory written by `hetpart compile -o DIR`")
@@ -152,6 +152,9 @@ def register(sub: Any, positive_int: Callable[[str], int]) -> None:
                    help=f"relative tolerance of --check (default {DEFAULT_RTOL:g})")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL,
                    help=f"absolute tolerance of --check (default {DEFAULT_ATOL:g})")
+    p.add_argument("--half-tolerance", type=float, default=DEFAULT_HALF_TOLERANCE,
+                   help="--check's bound for float16 outputs, relative to the output's largest magnitude (default "
+                   f"{DEFAULT_HALF_TOLERANCE:g}: float16 activations carry errors that grow with depth)")
     p.add_argument("--save", type=Path, help="directory to write output<k>.npy into")
     p.add_argument("--mode", choices=("sequential", "tasks"), default=None,
                    help="sequential: one VM runs the whole executable; tasks: the plan's segments on one worker "

@@ -1,0 +1,134 @@
+"""float16 models: reductions, normalisations and transcendental functions computed in float32 (half_accumulate)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.onnx_builders import OPSET, save
+
+tvm = pytest.importorskip("tvm")
+ort = pytest.importorskip("onnxruntime")
+from tvm import relax  # noqa: E402
+
+import hetpart  # noqa: E402
+from hetpart.driver.check import compare_outputs  # noqa: E402
+from tvm_passes import frontend  # noqa: E402
+from tvm_passes.frontend import import_model  # noqa: E402
+from tvm_passes.half_accumulate import accumulate_half_in_float32  # noqa: E402
+
+pytestmark = pytest.mark.tvm
+
+SHAPE = (1, 8, 24, 24)
+
+
+def half_model(path, dtype=np.float16):
+    """conv + bias + ReLU, global mean, layer norm, matmul, erf GELU, softmax (every op in ``dtype``), written by
+    onnx.helper: a model exported in half precision, as published for GPUs."""
+    rng = np.random.default_rng(0)
+    elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
+    inits = []
+
+    def const(name, array):
+        inits.append(numpy_helper.from_array(np.asarray(array, dtype=dtype), name))
+        return name
+
+    nodes = [
+        helper.make_node("Conv", ["x", const("w", rng.standard_normal((32, 8, 3, 3)) * 0.2),
+                                  const("b", rng.standard_normal(32) * 0.1)], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("ReduceMean", ["r", "axes"], ["m"], keepdims=0),
+        helper.make_node("LayerNormalization", ["m", const("g", rng.uniform(0.5, 1.5, 32)),
+                                                const("be", rng.standard_normal(32) * 0.1)], ["n"], axis=-1),
+        helper.make_node("MatMul", ["n", const("wf", rng.standard_normal((32, 16)) * 0.3)], ["f"]),
+        helper.make_node("Div", ["f", const("sqrt2", 2 ** 0.5)], ["fs"]),
+        helper.make_node("Erf", ["fs"], ["e"]),
+        helper.make_node("Add", ["e", const("one", 1.0)], ["e1"]),
+        helper.make_node("Mul", ["f", "e1"], ["g2"]),
+        helper.make_node("Mul", ["g2", const("half", 0.5)], ["gelu"]),
+        helper.make_node("Softmax", ["gelu"], ["y"], axis=-1),
+    ]
+    inits.append(numpy_helper.from_array(np.array([2, 3], np.int64), "axes"))
+    graph = helper.make_graph(nodes, "half", [helper.make_tensor_value_info("x", elem, list(SHAPE))],
+                              [helper.make_tensor_value_info("y", elem, [1, 16])], inits)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
+
+
+def reference(path, x):
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def normwise_error(ours, exact):
+    return float(np.abs(ours.astype(np.float64) - exact).max() / np.abs(exact).max())
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("half")
+    return half_model(root / "half.onnx"), half_model(root / "single.onnx", np.float32)
+
+
+def test_half_ops_that_accumulate_or_approximate_compute_in_float32(models):
+    mod = import_model(str(models[0])).mod
+    calls = {}
+    for binding in mod["main"].body.blocks[0].bindings:
+        value = binding.value
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+            dtypes = [str(arg.ty.dtype) for arg in value.args if isinstance(getattr(arg, "ty", None),
+                                                                            relax.TensorType)]
+            calls.setdefault(value.op.name.removeprefix("relax."), []).append((dtypes, str(binding.var.ty.dtype)))
+    # conv and matmul keep their float16 operands and sum in float32
+    assert calls["nn.conv2d"] == [(["float16", "float16"], "float32")]
+    assert calls["matmul"] == [(["float16", "float16"], "float32")]
+    for name in ("mean", "nn.layer_norm", "erf", "nn.softmax"):
+        assert calls[name] == [(["float32"] * len(calls[name][0][0]), "float32")], name
+    # exact float16 arithmetic stays as written, and the model's interface is float16
+    assert all(out == "float16" for _, out in calls["multiply"] + calls["nn.relu"])
+    assert str(mod["main"].ret_ty.dtype) == "float16"
+
+
+def test_single_precision_models_are_unchanged(models):
+    mod = import_model(str(models[1]), pad_columns=False).mod
+    assert accumulate_half_in_float32(mod) == (mod, 0)
+
+
+def test_half_model_is_as_accurate_as_onnxruntime_on_a_mixed_plan(models, tmp_path, monkeypatch):
+    """On a CPU + emulated GPU plan, hetpart's float16 run is within a small factor of onnxruntime's float16 error
+    (both against the model in float32); summing in float16 was ~20x onnxruntime's error, and its erf (float16 GELU)
+    did not build for the CPU at all."""
+    half, single = models
+    x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float16)
+    exact = reference(single, x.astype(np.float32)).astype(np.float64)
+    ort_half = reference(half, x)
+    compiled = hetpart.compile(str(half), devices="cpu,gpu=p2200", method="all_gpu", output_dir=tmp_path / "out",
+                               pins={"op:relax.matmul": "cpu", "op:relax.nn.softmax": "cpu"})
+    assert set(compiled.plan.device_of) == {"cpu", "gpu"}
+    ours = np.asarray(hetpart.load(tmp_path / "out")(x)[0])
+    assert ours.dtype == np.float16
+    assert normwise_error(ours, exact) <= 3 * normwise_error(ort_half, exact) + 1e-4
+    assert compare_outputs([ours], [ort_half]).ok
+
+    monkeypatch.setattr(frontend, "accumulate_half_in_float32", lambda mod: (mod, 0))
+    with pytest.raises(hetpart.errors.BuildError, match="erf"):
+        hetpart.compile(str(half), devices="cpu", output_dir=tmp_path / "float16_sums")
+
+
+def test_half_check_is_normwise_and_catches_real_differences():
+    reference_out = np.array([[8.0, -0.01, 3.0]], np.float16)
+    rounded = (reference_out.astype(np.float32) + np.float32(0.05)).astype(np.float16)   # 0.6% of the magnitude
+    result = compare_outputs([rounded], [reference_out])
+    assert result.ok and result.max_half_error == pytest.approx(0.05 / 8, rel=0.05)
+    assert "float16 outputs" in result.describe()
+    wrong = reference_out[:, ::-1].copy()
+    assert not compare_outputs([wrong], [reference_out]).ok
+    assert not compare_outputs([rounded], [reference_out], half_tolerance=1e-3).ok
+
+
+def test_half_conv_and_matmul_compile_to_cuda(models, nvcc_path):
+    from tvm_passes.build import check_cuda_kernels, compile_cuda_source_with_nvcc
+
+    compiled = hetpart.compile(str(models[0]), devices="cpu,gpu=t4", method="all_gpu", emulate_gpu=False)
+    kernels = check_cuda_kernels(compiled.build)
+    assert any("conv2d" in name for name in kernels) and any("matmul" in name for name in kernels)
+    assert compile_cuda_source_with_nvcc(compiled.build, "ptx").count(b".entry") >= len(kernels)
