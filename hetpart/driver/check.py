@@ -41,6 +41,35 @@ INDEX_PRESERVING_OPS = frozenset(f"relax.{name}" for name in (
     "flatten", "tile", "repeat"))
 
 
+# ops through which an integer input's values reach an unrolled recurrent layer's step masks as some of the same
+# values: besides the index-preserving ops, the sort and gather of torch's pack_padded_sequence (it orders the
+# lengths with a top-k and gathers them by its indices)
+LENGTH_PRESERVING_OPS = INDEX_PRESERVING_OPS | {"relax.topk", "relax.sort", "relax.take", "relax.gather_elements"}
+# comparisons with the step's time that tvm_passes.rnn makes to mask the steps past a sequence's length
+STEP_MASK_OPS = frozenset({"relax.less", "relax.greater", "relax.less_equal", "relax.greater_equal"})
+
+
+def _reached(graph: OpGraph, spec, through: frozenset, stop_at: str | None = None):
+    """The ops an input's values reach through ``through`` ops with integer results (the first op of another kind
+    on each path is reached but not passed; nor is ``stop_at``)."""
+    successors = graph.successors()
+    frontier, seen = list(spec.consumers), set()
+    while frontier:
+        op_id = frontier.pop()
+        if op_id in seen:
+            continue
+        seen.add(op_id)
+        node = graph.nodes[op_id]
+        yield node
+        if node.op != stop_at and node.op in through and node.output_dtypes \
+                and np.issubdtype(np.dtype(node.output_dtypes[0]), np.integer):
+            frontier.extend(successors[op_id])
+
+
+def _integer_inputs(graph: OpGraph):
+    return [spec for spec in graph.inputs if np.issubdtype(np.dtype(spec.dtype), np.integer)]
+
+
 def index_input_bounds(graph: OpGraph) -> dict[str, int]:
     """For each integer graph input that (through :data:`INDEX_PRESERVING_OPS` with integer results, e.g. the
     negative-index wrap of ONNX Gather) selects rows of a table with ``relax.take``: the table's length on the taken
@@ -49,41 +78,47 @@ def index_input_bounds(graph: OpGraph) -> dict[str, int]:
     inputs (:func:`check_inputs`). Sequence lengths sorted by a top-k whose indices then reorder the batch do not
     count as indices."""
     bounds: dict[str, int] = {}
-    successors = graph.successors()
-    for spec in graph.inputs:
-        if not np.issubdtype(np.dtype(spec.dtype), np.integer):
-            continue
-        frontier = list(spec.consumers)
-        seen, highs = set(), []
-        while frontier:
-            op_id = frontier.pop()
-            if op_id in seen:
-                continue
-            seen.add(op_id)
-            node = graph.nodes[op_id]
-            if node.op == "relax.take" and len(node.input_shapes) >= 2 and node.input_shapes[0]:
-                axis = int(node.attrs.get("axis", 0)) % len(node.input_shapes[0])
-                highs.append(int(node.input_shapes[0][axis]))
-                continue
-            if node.op in INDEX_PRESERVING_OPS and node.output_dtypes \
-                    and np.issubdtype(np.dtype(node.output_dtypes[0]), np.integer):
-                frontier.extend(successors[op_id])
+    for spec in _integer_inputs(graph):
+        highs = [int(node.input_shapes[0][int(node.attrs.get("axis", 0)) % len(node.input_shapes[0])])
+                 for node in _reached(graph, spec, INDEX_PRESERVING_OPS, stop_at="relax.take")
+                 if node.op == "relax.take" and len(node.input_shapes) >= 2 and node.input_shapes[0]]
         if highs:
             bounds[spec.name] = min(highs)
     return bounds
 
 
+def sequence_length_bounds(graph: OpGraph) -> dict[str, int]:
+    """For each integer graph input whose values (through :data:`LENGTH_PRESERVING_OPS`) mask the steps of an
+    unrolled recurrent layer (an ONNX LSTM/GRU/RNN's ``sequence_lens``: ``tvm_passes.rnn`` compares each step's
+    time with them, in ops tagged with the step): the layer's number of steps, the longest valid length (the
+    smallest such count over the layers it masks)."""
+    bounds: dict[str, int] = {}
+    for spec in _integer_inputs(graph):
+        steps: dict[int, int] = {}
+        for node in _reached(graph, spec, LENGTH_PRESERVING_OPS):
+            step = node.tags.get("rnn_step", -1) if node.op in STEP_MASK_OPS else -1
+            if step >= 0:
+                layer = int(node.tags.get("rnn_layer", 0))
+                steps[layer] = max(steps.get(layer, 0), int(step) + 1)
+        if steps:
+            bounds[spec.name] = min(steps.values())
+    return bounds
+
+
 def integer_input_ranges(graph: OpGraph) -> dict[str, tuple[int, int]]:
     """For each integer graph input, the half-open range ``[0, high)`` of values valid for this model: below the
-    table length of :func:`index_input_bounds` for an input that indexes a table, else ``[0, 2)``."""
+    table length of :func:`index_input_bounds` for an input that indexes a table, up to the step count of
+    :func:`sequence_length_bounds` for the lengths of a recurrent layer's sequences, else ``[0, 2)``."""
     bounds = index_input_bounds(graph)
-    return {spec.name: (0, bounds.get(spec.name, DEFAULT_INTEGER_HIGH)) for spec in graph.inputs
-            if np.issubdtype(np.dtype(spec.dtype), np.integer)}
+    lengths = sequence_length_bounds(graph)
+    return {spec.name: (0, bounds[spec.name] if spec.name in bounds else lengths[spec.name] + 1
+                        if spec.name in lengths else DEFAULT_INTEGER_HIGH) for spec in _integer_inputs(graph)}
 
 
 def sample_inputs(inputs: Sequence[Mapping], graph: OpGraph | None, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random inputs for a manifest's input specs: floats standard normal, integers uniform in their valid
-    range (:func:`integer_input_ranges`, ``[0, 2)`` when the graph is not known), booleans random."""
+    range (:func:`integer_input_ranges`: token ids below the table's length, sequence lengths up to the steps;
+    ``[0, 2)`` when the graph is not known), booleans random."""
     rng = np.random.default_rng(seed)
     ranges = integer_input_ranges(graph) if graph is not None else {}
     feeds = {}

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import hetpart
+from hetpart.driver.check import integer_input_ranges, sample_inputs
 
 pytestmark = pytest.mark.tvm
 
@@ -67,6 +68,10 @@ def test_packed_sequences_compile_and_match_torch(cell, tmp_path, caplog):
         beyond = np.arange(10)[:, None] >= lens_array[None, :]        # [time, batch]: past the sequence's end
         np.testing.assert_allclose(got[0][beyond], np.broadcast_to(module.head.bias.detach().numpy(),
                                                                    got[0][beyond].shape), atol=1e-6)
+    # `hetpart run --check` draws the lengths from [0, 10], not only 0 and 1
+    assert integer_input_ranges(compiled.op_graph) == {"lengths": (0, 11)}
+    drawn = sample_inputs(compiled.build.manifest.inputs, compiled.op_graph)["lengths"]
+    assert drawn.dtype == np.int64 and drawn.min() >= 0 and drawn.max() <= 10 and drawn.max() > 1
 
 
 def test_a_module_torch_export_cannot_trace_gets_the_onnx_route():
