@@ -132,3 +132,22 @@ def test_half_conv_and_matmul_compile_to_cuda(models, nvcc_path):
     kernels = check_cuda_kernels(compiled.build)
     assert any("conv2d" in name for name in kernels) and any("matmul" in name for name in kernels)
     assert compile_cuda_source_with_nvcc(compiled.build, "ptx").count(b".entry") >= len(kernels)
+
+
+def test_cpu_conv_rules_take_half_convs_summing_in_float32(models, tmp_path):
+    """The conv rules look through the operands' casts: a float16 conv gets the flat-position tiling its float32
+    twin gets (ResNet-18 in float16: 133 -> 25 ms on 2 threads, onnxruntime 20 ms), and computes the same."""
+    from tvm_passes.outline import deployment_pipeline, outline_kernels
+    from tvm_passes.schedules import RULE_ATTR
+
+    pipeline, target = deployment_pipeline(None, None)
+    rules = {}
+    for path in models:
+        for kernel in outline_kernels(import_model(str(path)).mod, target):
+            if "conv2d" in kernel.name:
+                rules[path.stem] = {str(f.attrs[RULE_ATTR]) for f in kernel.mod.functions.values()
+                                    if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and RULE_ATTR in f.attrs}
+    assert rules["half"] == rules["single"] == {"conv2d_flat"}
+    x = np.random.default_rng(3).standard_normal(SHAPE).astype(np.float16)
+    compiled = hetpart.compile(str(models[0]), devices="cpu", output_dir=tmp_path / "cpu")
+    assert compare_outputs([compiled(x)[0]], [reference(models[0], x)]).ok

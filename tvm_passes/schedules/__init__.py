@@ -29,6 +29,9 @@ Public API (used by tvm_passes.build, tvm_passes.outline and predictors.registry
 # registers (AVX2), the conv rule's channel-vector tiles and the matmul rule's tiles keep at most 12 accumulators
 # (tile_plan.ACCUMULATORS_16_REGISTERS): more spilled to the stack; 14: sliding-window pools run planes in
 # parallel with the padded input materialised per plane and the window loops outside the output row (pooling).
+# (Not a bump: the rules reading a multiply-accumulate's operands through casts (base.product_loads) changed only
+# float16 convs and matmuls summing in float32, a form no earlier import made (tvm_passes.half_accumulate); every
+# zoo kernel and the int32 ConvInteger kernels compile as before.)
 RULES_VERSION = 14
 
 from .base import RULE_ATTR, SCHEDULED_ATTR, CpuRule, vector_lanes

@@ -102,6 +102,13 @@ def summarize_blocks(sch: s_tir.Schedule) -> list[tuple[s_tir.schedule.SBlockRV,
 MAX_INLINE_GROWTH_NODES = 32768
 
 
+def product_loads(product: tirx.Mul) -> list[tvm.ir.TensorLoad]:
+    """The buffer loads a multiply-accumulate multiplies, looking through a cast of either factor: a float16 conv
+    or matmul summing in float32 (``tvm_passes.half_accumulate``) multiplies cast loads."""
+    factors = [factor.value if isinstance(factor, tirx.Cast) else factor for factor in (product.a, product.b)]
+    return [factor for factor in factors if isinstance(factor, tvm.ir.TensorLoad)]
+
+
 def expr_tree_nodes(expr: tvm.ir.Expr, limit: int) -> int:
     """Size of ``expr`` counted as a tree: every use of a shared sub-expression counts, as it does once a
     schedule substitutes it (compute_inline copies the producer's value into each load).  Operations,

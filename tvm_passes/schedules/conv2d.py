@@ -15,7 +15,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import CpuRule, num_cores, static_extents, summarize_blocks, vector_lanes
+from .base import CpuRule, num_cores, product_loads, static_extents, summarize_blocks, vector_lanes
 from ..tile_plan import column_vector_factor  # noqa: F401  (re-exported)
 from ..tile_plan import conv_register_tile, conv_row_bands
 from .contraction import TilePlan, schedule_contraction
@@ -43,7 +43,7 @@ def weight_is_channel_innermost(sch: s_tir.Schedule, name: str) -> bool:
     product = block.body.value.b
     if not isinstance(product, tirx.Mul):
         return False
-    loads = [operand for operand in (product.a, product.b) if isinstance(operand, tvm.ir.TensorLoad)]
+    loads = product_loads(product)
     for load in loads:
         uses_channel = [
             index.same_as(out_channel) for index in load.indices
@@ -95,7 +95,7 @@ def operand_bytes(sch: s_tir.Schedule, name: str) -> tuple[int, int] | None:
     product = block.body.value.b
     if not isinstance(product, tirx.Mul):
         return None
-    loads = [op for op in (product.a, product.b) if isinstance(op, tvm.ir.TensorLoad)]
+    loads = product_loads(product)
     batch = block.iter_vars[0].var
     data = [load for load in loads if load.indices and load.indices[0].same_as(batch)]
     weights = [load for load in loads if not (load.indices and load.indices[0].same_as(batch))]
@@ -121,8 +121,7 @@ def _is_grouped(sch: s_tir.Schedule, name: str) -> bool:
         return False
     reduced_channels = int(block.iter_vars[4].dom.extent)
     batch = block.iter_vars[0].var
-    loads = [op for op in (product.a, product.b) if isinstance(op, tvm.ir.TensorLoad) and len(op.indices) == 4
-             and op.indices[0].same_as(batch)]
+    loads = [op for op in product_loads(product) if len(op.indices) == 4 and op.indices[0].same_as(batch)]
     data_channels = [int(load.source.shape[1]) for load in loads]
     return bool(data_channels) and reduced_channels < max(data_channels)
 

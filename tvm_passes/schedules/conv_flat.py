@@ -41,6 +41,7 @@ from .base import (
     _buffer_of,
     loop_extent,
     num_cores,
+    product_loads,
     static_extents,
     summarize_blocks,
     vector_lanes,
@@ -118,8 +119,7 @@ def _data_load(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> tvm.ir.Te
     stmt = sch.get(block)
     product = stmt.body.value.b
     batch = stmt.iter_vars[0].var
-    return next(op for op in (product.a, product.b)
-                if isinstance(op, tvm.ir.TensorLoad) and op.indices and op.indices[0].same_as(batch))
+    return next(op for op in product_loads(product) if op.indices and op.indices[0].same_as(batch))
 
 
 def _operand_read_index(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, data: bool) -> int:
@@ -127,7 +127,7 @@ def _operand_read_index(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, dat
     stmt = sch.get(block)
     product = stmt.body.value.b
     data_buffer = _data_load(sch, block).source
-    loads = [op.source for op in (product.a, product.b) if isinstance(op, tvm.ir.TensorLoad)]
+    loads = [op.source for op in product_loads(product)]
     buffer = data_buffer if data else next(load for load in loads if not load.same_as(data_buffer))
     return next(index for index, region in enumerate(stmt.reads) if _buffer_of(region).same_as(buffer))
 
@@ -188,7 +188,7 @@ def _weights_are_oihw(sch: s_tir.Schedule, name: str) -> bool:
     stmt = sch.get(sch.get_sblock(name))
     data = _data_load(sch, sch.get_sblock(name)).source
     product = stmt.body.value.b
-    loads = [op for op in (product.a, product.b) if isinstance(op, tvm.ir.TensorLoad) and not op.source.same_as(data)]
+    loads = [op for op in product_loads(product) if not op.source.same_as(data)]
     if len(loads) != 1 or len(loads[0].indices) != 4:
         return False
     expected = [stmt.iter_vars[i].var for i in (1, 4, 5, 6)]

@@ -10,11 +10,10 @@ them too).
 
 from __future__ import annotations
 
-import tvm
 from tvm import s_tir, tirx
 from tvm.target import Target
 
-from .base import CpuRule, static_extents, summarize_blocks, vector_lanes
+from .base import CpuRule, product_loads, static_extents, summarize_blocks, vector_lanes
 from ..tile_plan import matmul_register_tile, power_of_two_vector  # noqa: F401  (re-exported)
 from .contraction import TilePlan, inline_side_producers, schedule_contraction
 
@@ -53,10 +52,8 @@ def _row_axis(sch: s_tir.Schedule, name: str, n_spatial: int, extents: list[int]
     product = block.body.value.b
     if not isinstance(product, tirx.Mul):
         return m_axis
-    b_loads = [
-        operand for operand in (product.a, product.b)
-        if isinstance(operand, tvm.ir.TensorLoad) and any(_uses(index, column_var) for index in operand.indices)
-    ]
+    b_loads = [operand for operand in product_loads(product)
+               if any(_uses(index, column_var) for index in operand.indices)]
     if len(b_loads) != 1:
         return m_axis
     for axis in range(m_axis - 1, -1, -1):
