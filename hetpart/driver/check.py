@@ -9,7 +9,8 @@ float16 outputs are held to a norm-wise bound instead, ``max |ours - reference| 
 with depth and scale with the output's magnitude, not each element's, while onnxruntime's CPU kernels compute
 float16 ops in float32 and keep chains of them there. torch's own half-precision run of six zoo models lies 3e-4
 to 1.0e-2 (MobileNetV2, a YOLO-style detector) of the output's magnitude from its float32 run; hetpart's float16
-runs 5e-4 to 1.1e-2 (``tvm_passes.half_accumulate``; benchmarks/results/half_precision).
+runs 5e-4 to 1.1e-2 (``tvm_passes.half_accumulate``; benchmarks/results/half_precision). A model converted to
+float16 inside with float32 inputs and outputs kept is held to the same bound (:func:`computes_in_half`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-4
 DEFAULT_HALF_TOLERANCE = 3e-2     # float16 outputs: max |diff| <= this x max |reference|
 HALF_DTYPES = (np.float16,)
+HALF_DTYPE_NAMES = frozenset({"float16"})
 DEFAULT_INTEGER_HIGH = 2          # integer inputs that index nothing (masks, flags): values 0 or 1
 # the newest ONNX IR version onnxruntime 1.31 loads; newer files are read and handed over at this version
 MAX_ORT_IR_VERSION = 10
@@ -200,22 +202,32 @@ class Comparison:
         if self.full_outputs:
             bounds.append(f"|diff| <= {self.atol:g} + {self.rtol:g} x |reference|")
         if self.max_half_error is not None:
-            bounds.append(f"float16 outputs max |diff| <= {self.half_tolerance:g} x max |reference|, found "
+            bounds.append(f"half-precision outputs max |diff| <= {self.half_tolerance:g} x max |reference|, found "
                           f"{self.max_half_error:.3g} x")
         return (f"max |diff| {self.max_abs_error:.3g}, max relative {self.max_rel_error:.3g} "
                 f"({'OK' if self.ok else 'FAILED'}: {'; '.join(bounds)})")
 
 
+def computes_in_half(graph: OpGraph | None) -> bool:
+    """Whether any op of the model makes a float16 tensor (a float16 model, also one converted with float32 inputs
+    and outputs kept): its float outputs then carry float16 errors."""
+    return graph is not None and any(str(dtype) in HALF_DTYPE_NAMES for node in graph.nodes
+                                     for dtype in node.output_dtypes)
+
+
 def compare_outputs(ours: Sequence[np.ndarray], reference: Sequence[np.ndarray], *, rtol: float = DEFAULT_RTOL,
-                    atol: float = DEFAULT_ATOL, half_tolerance: float = DEFAULT_HALF_TOLERANCE) -> Comparison:
+                    atol: float = DEFAULT_ATOL, half_tolerance: float = DEFAULT_HALF_TOLERANCE,
+                    half_precision: bool = False) -> Comparison:
     """Compare output lists elementwise like ``numpy.allclose(ours, reference, rtol, atol)``; an output whose
-    reference is float16 norm-wise, ``max |ours - reference| <= half_tolerance * max |reference|``."""
+    reference is float16 -- every float output when ``half_precision`` (the model computes in float16,
+    :func:`computes_in_half`) -- norm-wise, ``max |ours - reference| <= half_tolerance * max |reference|``."""
     if len(ours) != len(reference):
         raise InputMismatchError(f"the compiled model returned {len(ours)} outputs and the reference "
                                  f"{len(reference)}; they are not the same model")
     max_abs, max_rel, ok, max_half, full = 0.0, 0.0, True, None, False
     for a, b in zip(ours, reference):
-        half = np.asarray(b).dtype in HALF_DTYPES
+        dtype = np.asarray(b).dtype
+        half = dtype in HALF_DTYPES or (half_precision and np.issubdtype(dtype, np.floating))
         a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
         if a.shape != b.shape:
             raise InputMismatchError(f"output shapes differ: {list(a.shape)} against the reference's {list(b.shape)}")

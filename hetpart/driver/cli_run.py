@@ -60,15 +60,16 @@ def _run_loaded(args: argparse.Namespace, runtime) -> int:
 
     import numpy as np
 
-    from hetpart.driver.check import compare_outputs, load_input_file, onnxruntime_reference, sample_inputs
+    from hetpart.driver.check import (compare_outputs, computes_in_half, load_input_file, onnxruntime_reference,
+                                      sample_inputs)
     from hetpart.errors import InputMismatchError
     from hetpart.graph import OpGraph
 
     console = _console()
     named = dict(load_input_file(item) for item in args.input)
+    graph_path = Path(args.directory) / "graph.json"
+    graph = OpGraph.load(graph_path) if graph_path.exists() else None
     if not named:
-        graph_path = Path(args.directory) / "graph.json"
-        graph = OpGraph.load(graph_path) if graph_path.exists() else None
         specs = runtime.input_specs if args.mode == "tasks" else runtime.manifest.inputs
         named = sample_inputs(specs, graph, seed=args.seed)
         console.print(f"no --input given: running on random inputs (seed {args.seed}; integer inputs drawn from "
@@ -94,7 +95,8 @@ def _run_loaded(args: argparse.Namespace, runtime) -> int:
                                      "reference (a torch model, or the cache was cleared): recompile from the "
                                      "ONNX file, or compare with --save")
         result = compare_outputs(outputs, onnxruntime_reference(info["onnx_path"], named), rtol=args.rtol,
-                                 atol=args.atol, half_tolerance=args.half_tolerance)
+                                 atol=args.atol, half_tolerance=args.half_tolerance,
+                                 half_precision=computes_in_half(graph))
         console.print(f"check vs onnxruntime: {result.describe()}")
         return 0 if result.ok else 1
     return 0

@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 from tvm import relax  # noqa: E402
 
 import hetpart  # noqa: E402
-from hetpart.driver.check import compare_outputs  # noqa: E402
+from hetpart.driver.check import compare_outputs, computes_in_half  # noqa: E402
 from tvm_passes import frontend  # noqa: E402
 from tvm_passes.frontend import import_model  # noqa: E402
 from tvm_passes.half_accumulate import accumulate_half_in_float32  # noqa: E402
@@ -22,9 +22,10 @@ pytestmark = pytest.mark.tvm
 SHAPE = (1, 8, 24, 24)
 
 
-def half_model(path, dtype=np.float16):
+def half_model(path, dtype=np.float16, keep_io_types=False):
     """conv + bias + ReLU, global mean, layer norm, matmul, erf GELU, softmax (every op in ``dtype``), written by
-    onnx.helper: a model exported in half precision, as published for GPUs."""
+    onnx.helper: a model exported in half precision, as published for GPUs (``keep_io_types``: with float32 input
+    and output cast to and from float16 inside, as float16 converters write when asked to keep them)."""
     rng = np.random.default_rng(0)
     elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
     inits = []
@@ -49,8 +50,15 @@ def half_model(path, dtype=np.float16):
         helper.make_node("Softmax", ["gelu"], ["y"], axis=-1),
     ]
     inits.append(numpy_helper.from_array(np.array([2, 3], np.int64), "axes"))
-    graph = helper.make_graph(nodes, "half", [helper.make_tensor_value_info("x", elem, list(SHAPE))],
-                              [helper.make_tensor_value_info("y", elem, [1, 16])], inits)
+    io = elem
+    if keep_io_types:
+        io = TensorProto.FLOAT
+        nodes[0].input[0] = "x_half"
+        nodes[-1].output[0] = "y_half"
+        nodes = [helper.make_node("Cast", ["x"], ["x_half"], to=elem), *nodes,
+                 helper.make_node("Cast", ["y_half"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "half", [helper.make_tensor_value_info("x", io, list(SHAPE))],
+                              [helper.make_tensor_value_info("y", io, [1, 16])], inits)
     return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), path)
 
 
@@ -119,7 +127,7 @@ def test_half_check_is_normwise_and_catches_real_differences():
     rounded = (reference_out.astype(np.float32) + np.float32(0.05)).astype(np.float16)   # 0.6% of the magnitude
     result = compare_outputs([rounded], [reference_out])
     assert result.ok and result.max_half_error == pytest.approx(0.05 / 8, rel=0.05)
-    assert "float16 outputs" in result.describe()
+    assert "half-precision outputs" in result.describe()
     wrong = reference_out[:, ::-1].copy()
     assert not compare_outputs([wrong], [reference_out]).ok
     assert not compare_outputs([rounded], [reference_out], half_tolerance=1e-3).ok
@@ -151,3 +159,17 @@ def test_cpu_conv_rules_take_half_convs_summing_in_float32(models, tmp_path):
     x = np.random.default_rng(3).standard_normal(SHAPE).astype(np.float16)
     compiled = hetpart.compile(str(models[0]), devices="cpu", output_dir=tmp_path / "cpu")
     assert compare_outputs([compiled(x)[0]], [reference(models[0], x)]).ok
+
+
+def test_a_half_model_with_single_precision_inputs_and_outputs_is_checked_as_half(tmp_path):
+    """A model converted to float16 inside, its float32 input and output kept: its output carries float16 errors, so
+    the check holds it to the half-precision bound (the elementwise float32 bound fails on it)."""
+    path = half_model(tmp_path / "kept.onnx", keep_io_types=True)
+    compiled = hetpart.compile(str(path), devices="cpu", output_dir=tmp_path / "out")
+    x = np.random.default_rng(4).standard_normal(SHAPE).astype(np.float32)
+    ours, theirs = [compiled(x)[0]], [reference(path, x)]
+    assert ours[0].dtype == np.float32 and computes_in_half(compiled.op_graph)
+    assert compare_outputs(ours, theirs, half_precision=True).ok
+    assert not compare_outputs(ours, theirs).ok
+    assert not computes_in_half(hetpart.compile(str(half_model(tmp_path / "f32.onnx", np.float32)),
+                                                devices="cpu").op_graph)
