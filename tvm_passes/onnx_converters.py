@@ -1,7 +1,7 @@
 """ONNX ops TVM 0.27's Relax importer has no converter for, found in exported inference models: ``STFT`` and
 ``DFT`` (audio front ends: torch's ``stft(..., return_complex=False)`` exports ``STFT``), ``ReverseSequence``
-(tf2onnx's bidirectional recurrent layers reverse each sequence within its own length), ``Celu`` and
-``LpNormalization``; the quantized ops of :mod:`tvm_passes.onnx_quantized` and onnxruntime's transformer contrib ops
+(tf2onnx's bidirectional recurrent layers reverse each sequence within its own length), ``Celu``,
+``LpNormalization`` and ``Col2Im`` (torch's ``nn.Fold``); the quantized ops of :mod:`tvm_passes.onnx_quantized` and onnxruntime's transformer contrib ops
 of :mod:`tvm_passes.onnx_contrib`.
 
 Shapes are static here (hetpart binds input shapes before import), so a transform is a matmul with a constant
@@ -232,8 +232,45 @@ class LpNormalization(_onnx_frontend.OnnxOpConverter):
         return bb.emit(relax.op.divide(x, norm))
 
 
+class Col2Im(_onnx_frontend.OnnxOpConverter):
+    """ONNX Col2Im (torch's ``nn.Fold`` exports it): the blocks of ``input`` [N, C * kh * kw, L] summed into an
+    [N, C, H, W] image. Each of the C groups of kh * kw input channels holds one offset of the block per channel, so
+    the op is a transposed convolution of the [N, C * kh * kw, out_h, out_w] view with C groups and one-hot
+    kernels (channel k of a group puts its value at offset k of the block): the strides, padding and dilation are
+    the transposed convolution's, and overlapping blocks add up as Col2Im's do."""
+
+    @classmethod
+    def _impl_v18(cls, bb, inputs, attr, params):
+        where = _where("Col2Im", attr)
+        image, block = (constant_value(inputs[k], params) for k in (1, 2))
+        if image is None or block is None or image.size != 2 or block.size != 2:
+            raise UnsupportedOpError(f"{where}: image_shape and block_shape must be constant pairs (2-D images); "
+                                     "found other. Fold a 2-D image, or compute the op outside the model")
+        (height, width), (kh, kw) = (int(v) for v in image.reshape(-1)), (int(v) for v in block.reshape(-1))
+        dilation = [int(v) for v in attr.get("dilations", [1, 1])]
+        stride = [int(v) for v in attr.get("strides", [1, 1])]
+        pads = [int(v) for v in attr.get("pads", [0, 0, 0, 0])]
+        batch, channels_blocks, positions = _shape(inputs[0], "the input", where)
+        spans = [dilation[0] * (kh - 1) + 1, dilation[1] * (kw - 1) + 1]
+        out = [(size + pads[a] + pads[a + 2] - spans[a]) // stride[a] + 1 for a, size in enumerate((height, width))]
+        if channels_blocks % (kh * kw) or out[0] * out[1] != positions or min(out) < 1:
+            raise UnsupportedOpError(f"{where}: the input must be [N, C * {kh * kw}, {max(out[0], 0) * max(out[1], 0)}]"
+                                     f" for a {height}x{width} image of {kh}x{kw} blocks; found "
+                                     f"{[batch, channels_blocks, positions]}")
+        channels, dtype = channels_blocks // (kh * kw), str(inputs[0].ty.dtype)
+        one_hot = np.zeros((channels_blocks, 1, kh, kw), dtype)
+        offsets = np.arange(channels_blocks) % (kh * kw)
+        one_hot[np.arange(channels_blocks), 0, offsets // kw, offsets % kw] = 1
+        # what the transposed convolution covers short of the image (a last partial stride) is output padding
+        covered = [(out[a] - 1) * stride[a] + spans[a] - pads[a] - pads[a + 2] for a in range(2)]
+        grid = bb.emit(relax.op.reshape(inputs[0], [batch, channels_blocks, out[0], out[1]]))
+        return bb.emit(relax.op.nn.conv2d_transpose(
+            grid, relax.const(one_hot), strides=stride, padding=pads, dilation=dilation, groups=channels,
+            output_padding=[height - covered[0], width - covered[1]], kernel_layout="IOHW"))
+
+
 _CONVERTERS = {"STFT": Stft, "DFT": Dft, "ReverseSequence": ReverseSequence, "Celu": Celu,
-               "LpNormalization": LpNormalization, **QUANTIZED_CONVERTERS}
+               "LpNormalization": LpNormalization, "Col2Im": Col2Im, **QUANTIZED_CONVERTERS}
 CONVERTED_OP_TYPES: Sequence[str] = (*_CONVERTERS, *CONTRIB_CONVERTERS)
 
 

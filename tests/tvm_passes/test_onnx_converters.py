@@ -226,3 +226,53 @@ def test_segnet_style_unpooling_compiles_and_matches_onnxruntime(tmp_path):
     x = RNG.standard_normal((1, 3, 16, 16)).astype(np.float32)
     (expected,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(compiled(x)[0], expected, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("image,block,attrs", [
+    ((5, 5), (2, 2), {}),                                                        # overlapping, stride 1
+    ((8, 6), (3, 2), {"strides": [2, 2], "pads": [1, 0, 1, 1]}),
+    ((9, 9), (3, 3), {"dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((7, 6), (3, 3), {"strides": [2, 3]}),                                       # a last partial stride
+    ((4, 4), (2, 2), {"strides": [2, 2]}),                                       # disjoint blocks
+])
+def test_col2im_matches_onnxruntime(image, block, attrs):
+    spans = [d * (k - 1) + 1 for d, k in zip(attrs.get("dilations", [1, 1]), block)]
+    pads, strides = attrs.get("pads", [0, 0, 0, 0]), attrs.get("strides", [1, 1])
+    positions = np.prod([(image[a] + pads[a] + pads[a + 2] - spans[a]) // strides[a] + 1 for a in range(2)])
+    x = RNG.standard_normal((2, 3 * block[0] * block[1], int(positions))).astype(np.float32)
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], **attrs)
+    _assert_matches_onnxruntime(node, {"x": x}, {"image": np.array(image, np.int64),
+                                                 "block": np.array(block, np.int64)}, opset=18)
+
+
+def test_torch_fold_compiles_and_matches_torch(tmp_path):
+    """nn.Unfold -> a linear map of each patch -> nn.Fold (a tokens-to-token step; torch exports Fold as Col2Im at
+    opset 18), compiled for a CPU and an emulated GPU."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    import hetpart
+
+    class Refold(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unfold = torch.nn.Unfold(3, padding=1, stride=2)
+            self.mix = torch.nn.Linear(8 * 9, 8 * 9)
+            self.fold = torch.nn.Fold((15, 15), 3, padding=1, stride=2)
+
+        def forward(self, x):
+            return self.fold(self.mix(self.unfold(x).transpose(1, 2)).transpose(1, 2))
+
+    torch.manual_seed(0)
+    module = Refold().eval()
+    x = torch.randn(1, 8, 15, 15)
+    path = tmp_path / "refold.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), str(path), dynamo=False, opset_version=18)
+    assert "Col2Im" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    compiled = hetpart.compile(str(path), devices="cpu,gpu=t4", method="all_gpu", pins={"op:relax.matmul": "cpu"})
+    assert set(compiled.plan.device_of) == {"cpu", "gpu"}
+    with torch.no_grad():
+        expected = module(x).numpy()
+    np.testing.assert_allclose(compiled(x.numpy())[0], expected, rtol=1e-4, atol=1e-4)
