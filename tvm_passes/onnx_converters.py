@@ -27,6 +27,7 @@ from hetpart.errors import UnsupportedOpError
 from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
 from tvm_passes.onnx_nodes import constant_value, wrap_convert_map
 from tvm_passes.onnx_nodes import node_label as _where
+from tvm_passes.onnx_resize import checked_resize
 from tvm_passes.onnx_pooling import max_pool_with_indices
 from tvm_passes.onnx_quantized import CONTRIB_OP_TYPES, QUANTIZED_CONVERTERS
 
@@ -276,41 +277,6 @@ CONVERTED_OP_TYPES: Sequence[str] = (*_CONVERTERS, *CONTRIB_CONVERTERS)
 
 
 @functools.lru_cache(maxsize=None)       # one subclass per TVM class, not one per node converted
-def _resize_refusing_antialias(resize: type) -> type:
-    """TVM's Resize converter, refusing what it would get wrong: it ignores ``antialias`` (opset 18), which changes
-    the result of a resize that shrinks an axis (torch's ``interpolate(..., antialias=True)``); a result of
-    onnxruntime's was off by 66% of its range."""
-
-    def checked(parent_impl: Any) -> Any:
-        def impl(cls, bb, inputs, attr, params):
-            if int(attr.get("antialias", 0)) and _resize_may_shrink(inputs, params):
-                raise UnsupportedOpError(
-                    f"{_where('Resize', attr)}: antialias=1 on a resize that shrinks an axis is not supported "
-                    "(TVM's resize has no antialiasing filter); export the model with antialias=False")
-            return parent_impl(bb, inputs, attr, params)
-
-        return classmethod(impl)
-
-    # every version TVM has, each checked first (get_converter still picks among the same versions)
-    versions = {name: checked(getattr(resize, name)) for name in dir(resize) if name.startswith("_impl_v")}
-    return type("Resize", (resize,), {**versions, "__doc__": resize.__doc__})
-
-
-def _resize_may_shrink(inputs: Sequence[Any], params: Any) -> bool:
-    """Whether a Resize may make an axis shorter: a scale below 1 or a size below the input's (unknown: True)."""
-    scales = constant_value(inputs[2], params) if len(inputs) > 2 and inputs[2] is not None else None
-    sizes = constant_value(inputs[3], params) if len(inputs) > 3 and inputs[3] is not None else None
-    if scales is not None and scales.size:
-        return bool(np.any(scales < 1.0))
-    if sizes is not None and sizes.size:
-        try:
-            dims = [int(d) for d in inputs[0].ty.shape.values]
-        except (TypeError, ValueError):
-            return True
-        return bool(np.any(sizes.reshape(-1)[-len(dims):] < np.array(dims)[-sizes.size:]))
-    return True
-
-
 def install_onnx_converters() -> None:
     """Register this module's converters with the Relax ONNX frontend (idempotent); TVM's own, where it has one,
     stays in use."""
@@ -323,7 +289,7 @@ def install_onnx_converters() -> None:
             else:
                 convert_map.setdefault(op_type, converter)
         if "Resize" in convert_map:
-            convert_map["Resize"] = _resize_refusing_antialias(convert_map["Resize"])
+            convert_map["Resize"] = checked_resize(convert_map["Resize"])
         if "MaxPool" in convert_map:
             convert_map["MaxPool"] = max_pool_with_indices(convert_map["MaxPool"])
 
