@@ -1,8 +1,9 @@
 """ONNX ops TVM 0.27's Relax importer has no converter for, found in exported inference models: ``STFT`` and
 ``DFT`` (audio front ends: torch's ``stft(..., return_complex=False)`` exports ``STFT``), ``ReverseSequence``
 (tf2onnx's bidirectional recurrent layers reverse each sequence within its own length), ``Celu``,
-``LpNormalization`` and ``Col2Im`` (torch's ``nn.Fold``); the quantized ops of :mod:`tvm_passes.onnx_quantized` and onnxruntime's transformer contrib ops
-of :mod:`tvm_passes.onnx_contrib`.
+``LpNormalization`` and ``Col2Im`` (torch's ``nn.Fold``); the quantized ops of :mod:`tvm_passes.onnx_quantized`
+and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib`. TVM's ``Resize`` is wrapped by
+:mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling`.
 
 Shapes are static here (hetpart binds input shapes before import), so a transform is a matmul with a constant
 matrix of cosines and sines (exact to float32 rounding, where onnxruntime runs an FFT), and ``ReverseSequence`` a

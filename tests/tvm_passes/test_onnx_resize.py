@@ -34,7 +34,8 @@ def _resize_model(attrs: dict, scales=None, sizes=None, shape=X.shape):
 
 
 def _ours_and_theirs(model, x=X):
-    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {"x": x})[0]
     mod = relax_onnx.from_onnx(model)
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
     return vm["main"](tvm.runtime.tensor(x)).numpy(), expected, mod
