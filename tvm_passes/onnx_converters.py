@@ -3,7 +3,8 @@
 (tf2onnx's bidirectional recurrent layers reverse each sequence within its own length), ``Celu``,
 ``LpNormalization`` and ``Col2Im`` (torch's ``nn.Fold``); the quantized ops of :mod:`tvm_passes.onnx_quantized`
 and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib`. TVM's ``Resize`` is wrapped by
-:mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling`.
+:mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling` and (like ``ConvTranspose``) by
+:mod:`tvm_passes.onnx_padding`.
 
 Shapes are static here (hetpart binds input shapes before import), so a transform is a matmul with a constant
 matrix of cosines and sines (exact to float32 rounding, where onnxruntime runs an FFT), and ``ReverseSequence`` a
@@ -28,6 +29,7 @@ from hetpart.errors import UnsupportedOpError
 from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
 from tvm_passes.onnx_nodes import constant_value, wrap_convert_map
 from tvm_passes.onnx_nodes import node_label as _where
+from tvm_passes.onnx_padding import conv_transpose_with_output_shape, pool_with_explicit_pads
 from tvm_passes.onnx_resize import checked_resize
 from tvm_passes.onnx_pooling import max_pool_with_indices
 from tvm_passes.onnx_quantized import CONTRIB_OP_TYPES, QUANTIZED_CONVERTERS
@@ -271,6 +273,42 @@ class Col2Im(_onnx_frontend.OnnxOpConverter):
             output_padding=[height - covered[0], width - covered[1]], kernel_layout="IOHW"))
 
 
+def _is_inf_by_sign(is_inf: type) -> type:
+    """TVM's IsInf converter ignores ``detect_positive``/``detect_negative`` (an IsInf(detect_positive=0) flagged
+    +inf too): only the infinities of the signs asked for count."""
+
+    class IsInfBySign(is_inf):
+        @classmethod
+        def _impl_v10(cls, bb, inputs, attr, params):
+            found = bb.emit(relax.op.isinf(inputs[0]))
+            positive, negative = int(attr.get("detect_positive", 1)), int(attr.get("detect_negative", 1))
+            if positive and negative:
+                return found
+            zero = relax.const(0, str(inputs[0].ty.dtype))
+            if not (positive or negative):
+                return bb.emit(relax.op.logical_and(found, relax.op.logical_not(found)))
+            sign = relax.op.greater(inputs[0], zero) if positive else relax.op.less(inputs[0], zero)
+            return bb.emit(relax.op.logical_and(found, bb.emit(sign)))
+
+    return IsInfBySign
+
+
+def _pow_of_any_exponent_type(pow_converter: type) -> type:
+    """ONNX Pow takes an exponent of another numeric type than the base (``x ** 3`` with an int64 3); TVM's
+    converter requires one dtype: the exponent is cast to the base's type (onnxruntime computes it so)."""
+
+    class PowOfAnyExponentType(pow_converter):
+        @classmethod
+        def _impl_v7(cls, bb, inputs, attr, params):
+            base, exponent = inputs[0], inputs[1]
+            base_type, exponent_type = (getattr(getattr(v, "ty", None), "dtype", None) for v in (base, exponent))
+            if base_type is not None and exponent_type is not None and str(base_type) != str(exponent_type):
+                inputs = [base, bb.emit(relax.op.astype(exponent, str(base_type)))]
+            return super()._impl_v7(bb, inputs, attr, params)
+
+    return PowOfAnyExponentType
+
+
 _CONVERTERS = {"STFT": Stft, "DFT": Dft, "ReverseSequence": ReverseSequence, "Celu": Celu,
                "LpNormalization": LpNormalization, "Col2Im": Col2Im, **QUANTIZED_CONVERTERS}
 CONVERTED_OP_TYPES: Sequence[str] = (*_CONVERTERS, *CONTRIB_CONVERTERS)
@@ -292,7 +330,13 @@ def install_onnx_converters() -> None:
         if "Resize" in convert_map:
             convert_map["Resize"] = checked_resize(convert_map["Resize"])
         if "MaxPool" in convert_map:
-            convert_map["MaxPool"] = max_pool_with_indices(convert_map["MaxPool"])
+            convert_map["MaxPool"] = pool_with_explicit_pads(max_pool_with_indices(convert_map["MaxPool"]))
+        if "IsInf" in convert_map:
+            convert_map["IsInf"] = _is_inf_by_sign(convert_map["IsInf"])
+        if "Pow" in convert_map:
+            convert_map["Pow"] = _pow_of_any_exponent_type(convert_map["Pow"])
+        if "ConvTranspose" in convert_map:
+            convert_map["ConvTranspose"] = conv_transpose_with_output_shape(convert_map["ConvTranspose"])
 
     if wrap_convert_map("converters", add_ours):
         logger.debug("registered ONNX converters for %s", ", ".join(_CONVERTERS))

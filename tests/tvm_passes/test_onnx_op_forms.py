@@ -472,7 +472,35 @@ def _build() -> None:
     )
 
 
+
+def _build_attribute_forms() -> None:
+    """Attribute forms TVM's converters computed wrong (tvm_passes.onnx_padding, onnx_converters' IsInf and Pow)."""
+    rng = np.random.default_rng(1)
+    vi = lambda n, s, d=F: helper.make_tensor_value_info(n, d, s)  # noqa: E731
+    N = helper.make_node  # noqa: N806
+    C = lambda name, arr: numpy_helper.from_array(np.asarray(arr), name)  # noqa: E731
+    odd = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    for mode in ("SAME_LOWER", "SAME_UPPER"):          # SAME_LOWER lost the last strided output column
+        _case(f"maxpool_{mode.lower()}_strided_odd", [N("MaxPool", ["x"], ["y"], kernel_shape=[3, 2], strides=[2, 2],
+                                                       auto_pad=mode)],
+              [vi("x", [2, 3, 5, 7])], [vi("y", None)], feeds={"x": odd})
+    weights = C("w", rng.standard_normal((3, 2, 3, 3)).astype(np.float32))
+    for name, attrs in (("convtranspose_output_shape", dict(strides=[2, 2], output_shape=[10, 12])),
+                        ("convtranspose_output_shape_same_upper", dict(strides=[2, 2], output_shape=[10, 13],
+                                                                       auto_pad="SAME_UPPER"))):
+        _case(name, [N("ConvTranspose", ["x", "w"], ["y"], **attrs)], [vi("x", [2, 3, 5, 7])], [vi("y", None)],
+              [weights], feeds={"x": odd})
+    infinities = np.array([[np.inf, -np.inf, 1.0, -2.0, np.nan, 0.0]], np.float32)
+    for positive, negative in ((1, 0), (0, 1)):
+        _case(f"isinf_positive{positive}_negative{negative}",
+              [N("IsInf", ["x"], ["y"], detect_positive=positive, detect_negative=negative)],
+              [vi("x", [1, 6])], [vi("y", None, TensorProto.BOOL)], feeds={"x": infinities})
+    _case("pow_integer_exponent", [N("Pow", ["x", "e"], ["y"])], [vi("x", [2, 3, 5, 7])], [vi("y", None)],
+          [C("e", np.array(3, np.int64))], feeds={"x": odd})
+
+
 _build()
+_build_attribute_forms()
 
 
 @pytest.mark.parametrize("name", list(CASES))
