@@ -347,6 +347,11 @@ def _import_torch(module, example_inputs: Sequence[Any], name: str | None) -> Im
         listing = ", ".join(f"{op} x{counts.get(op, 1)}" for op in sorted(missing))
         raise UnsupportedOpError(f"{type(module).__name__}: TVM 0.27's torch importer cannot import these ops: "
                                  f"{listing}") from exc
+    except Exception as exc:      # e.g. a half-precision module: TVM's importer sums its convs in float32
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ModelLoadError(f"TVM's torch importer failed on {type(module).__name__} ({type(exc).__name__}: "
+                             f"{first_line}). Export it to ONNX (torch.onnx.export(module, example_inputs, "
+                             "'model.onnx', dynamo=False)) and compile that file") from exc
     names = [f"input{i}" if not hasattr(p, "name") else p.name for i, p in enumerate(mod["main"].params)]
     specs = tuple(TensorSpec(n, tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch."))
                   for n, t in zip(names, example_inputs))

@@ -173,3 +173,29 @@ def test_a_half_model_with_single_precision_inputs_and_outputs_is_checked_as_hal
     assert not compare_outputs(ours, theirs).ok
     assert not computes_in_half(hetpart.compile(str(half_model(tmp_path / "f32.onnx", np.float32)),
                                                 devices="cpu").op_graph)
+
+
+def test_a_half_precision_torch_module_gets_the_onnx_route_which_compiles(tmp_path):
+    """TVM's torch importer sums convs in float32 and then adds a float16 bias, which it refuses: the error names the
+    ONNX route (one line, typed), and the module's ONNX export compiles and matches torch's half run."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    from hetpart.errors import ModelLoadError
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                 torch.nn.Linear(8 * 6 * 6, 4)).eval().half()
+    x = torch.randn(1, 3, 6, 6).half()
+    with pytest.raises(ModelLoadError, match=r"torch\.onnx\.export\(module, example_inputs, 'model\.onnx', "
+                                             r"dynamo=False\)") as info:
+        hetpart.compile(module, example_inputs=(x,), devices="cpu")
+    assert "\n" not in str(info.value)
+    path = tmp_path / "half.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), str(path), dynamo=False, opset_version=17)
+    with torch.no_grad():
+        expected = module(x).numpy()
+    got = hetpart.compile(str(path), devices="cpu")(x.numpy())[0]
+    assert compare_outputs([got], [expected]).ok
