@@ -1,14 +1,14 @@
-"""ONNX ``Resize`` where TVM 0.27's converter gets it wrong: scales that do not give whole output lengths, and
-``antialias``.
+"""ONNX ``Resize`` where TVM 0.27's converter gets it wrong or refuses it: scales that do not give whole output
+lengths, opset 18's ``axes`` and ``keep_aspect_ratio_policy``, and ``antialias``.
 
 TVM's ``resize2d`` takes output sizes, not scales, and maps output to input coordinates with ``in / out``. ONNX maps
 them with the scale given (``x_in = (x_out + 0.5) / scale - 0.5`` for ``half_pixel``), and the output length is
 ``floor(in * scale)``: where ``in * scale`` is not whole (a 0.5 scale of 7 rows, a 1.5 scale of 7 columns) the two
 differ, and TVM's result was silently off -- by up to 2.9 on N(0, 1) inputs, in every coordinate mode but
 ``align_corners``, for nearest, linear and cubic resizes alike (of 88 cases probed against onnxruntime, 41 with such
-a scale were wrong; 16 more were refused: the half_pixel_symmetric mode and the opset-18 ``axes`` and
-``keep_aspect_ratio_policy``, which stay refused). :func:`checked_resize` wraps TVM's
-converter: such a resize is computed here, axis by axis -- each output position's source rows (nearest: one,
+a scale were wrong; 16 more were refused: the half_pixel_symmetric mode, which stays refused, and the opset-18
+``axes`` and ``keep_aspect_ratio_policy``, computed here too). :func:`checked_resize` wraps TVM's
+converter: such a resize (or one with ``axes`` or an aspect-ratio policy) is computed here, axis by axis -- each output position's source rows (nearest: one,
 linear: two, cubic: four) gathered with constant indices and weighed with constant weights computed in numpy by
 ONNX's formulas -- and everything else is left to TVM.
 A shrinking resize with ``antialias=1`` (torch's ``interpolate(..., antialias=True)``), which TVM computes without
@@ -112,26 +112,42 @@ def _resize_axis(bb: relax.BlockBuilder, x: relax.Expr, axis: int, out_length: i
     return total
 
 
-def _scales_tvm_gets_wrong(inputs: Sequence[Any], attr: dict, params: Any) -> np.ndarray | None:
-    """The per-axis scales of a resize TVM would compute wrong (constant scales, no sizes, an output length that is
-    not ``in * scale`` on some axis), else None."""
-    if len(inputs) < 3 or inputs[2] is None or (len(inputs) > 3 and inputs[3] is not None) or attr.get("axes"):
+def _plan_tvm_gets_wrong(inputs: Sequence[Any], attr: dict, params: Any) -> list[tuple[float, int]] | None:
+    """Per axis (scale, output length) of a resize TVM would compute wrong or refuse, else None: constant scales
+    whose ``in * scale`` is not whole on some axis, or (opset 18) scales or sizes given for some ``axes`` only, or
+    sizes with a ``keep_aspect_ratio_policy`` (one scale for every axis: the smallest or largest size / in)."""
+    if _attr(attr, "mode", "nearest") not in ("nearest", "linear", "cubic") \
+            or _attr(attr, "coordinate_transformation_mode", "half_pixel") not in SCALED_MODES:
         return None
-    scales = constant_value(inputs[2], params)
-    if scales is None or not scales.size or _attr(attr, "mode", "nearest") not in ("nearest", "linear", "cubic"):
-        return None
-    transform = _attr(attr, "coordinate_transformation_mode", "half_pixel")
-    if transform not in SCALED_MODES:
-        return None
+    scales, sizes = (constant_value(inputs[k], params) if len(inputs) > k and inputs[k] is not None else None
+                     for k in (2, 3))
+    scales = scales if scales is not None and scales.size else None
+    sizes = sizes if sizes is not None and sizes.size else None
     try:
         dims = [int(d) for d in inputs[0].ty.shape.values]
     except (TypeError, ValueError, AttributeError):
         return None
-    scales = scales.astype(np.float32).reshape(-1)
-    if scales.size != len(dims):
+    axes = [int(a) % len(dims) for a in attr.get("axes", range(len(dims)))]
+    policy = _attr(attr, "keep_aspect_ratio_policy", "stretch")
+    if (scales is None) == (sizes is None) or (scales if scales is not None else sizes).size != len(axes):
         return None
-    whole = all(float(np.floor(np.float32(d) * s)) == float(np.float32(d) * s) for d, s in zip(dims, scales))
-    return None if whole else scales
+    plan = [(1.0, d) for d in dims]
+    if scales is not None:
+        for axis, scale in zip(axes, scales.astype(np.float32).reshape(-1)):
+            plan[axis] = (float(scale), int(np.floor(np.float32(dims[axis]) * scale)))
+        wrong = any(float(np.float32(dims[a]) * np.float32(plan[a][0])) != plan[a][1] for a in axes)
+    else:
+        wanted = [int(v) for v in sizes.reshape(-1)]
+        ratios = [np.float32(n) / np.float32(dims[a]) for a, n in zip(axes, wanted)]
+        if policy in ("not_larger", "not_smaller"):
+            common = min(ratios) if policy == "not_larger" else max(ratios)
+            for axis in axes:
+                plan[axis] = (float(common), int(np.round(np.float32(dims[axis]) * common)))
+        else:
+            for axis, n, ratio in zip(axes, wanted, ratios):
+                plan[axis] = (float(ratio), n)
+        wrong = False
+    return plan if wrong or "axes" in attr or policy != "stretch" else None
 
 
 def checked_resize(resize: type) -> type:
@@ -143,13 +159,12 @@ def checked_resize(resize: type) -> type:
                 raise UnsupportedOpError(
                     f"{_where('Resize', attr)}: antialias=1 on a resize that shrinks an axis is not supported "
                     "(TVM's resize has no antialiasing filter); export the model with antialias=False")
-            scales = _scales_tvm_gets_wrong(inputs, attr, params)
-            if scales is None:
+            plan = _plan_tvm_gets_wrong(inputs, attr, params)
+            if plan is None:
                 return parent_impl(bb, inputs, attr, params)
             x = inputs[0]
             dims = [int(d) for d in x.ty.shape.values]
-            for axis, (length, scale) in enumerate(zip(dims, scales)):
-                out_length = int(np.floor(np.float32(length) * scale))
+            for axis, (length, (scale, out_length)) in enumerate(zip(dims, plan)):
                 if out_length < 1:
                     raise UnsupportedOpError(f"{_where('Resize', attr)}: scale {scale} leaves axis {axis} of length "
                                              f"{length} empty")

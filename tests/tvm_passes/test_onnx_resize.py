@@ -108,3 +108,20 @@ def test_torch_interpolate_with_a_scale_factor_compiles_and_matches_torch(tmp_pa
         expected = [t.numpy() for t in module(x)]
     for got, want in zip(compiled(x.numpy()), expected):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attrs,scales,sizes", [
+    (dict(mode="linear", axes=[2, 3]), [2.0, 1.5], None),
+    (dict(mode="nearest", axes=[-1]), [0.5], None),
+    (dict(mode="cubic", axes=[2]), None, [9]),
+    (dict(mode="linear", axes=[3, 2]), None, [4, 8]),
+    (dict(mode="linear", keep_aspect_ratio_policy="not_larger"), None, [1, 2, 9, 9]),
+    (dict(mode="nearest", keep_aspect_ratio_policy="not_smaller", axes=[2, 3]), None, [9, 9]),
+    (dict(mode="linear", keep_aspect_ratio_policy="not_smaller", axes=[2, 3],
+          coordinate_transformation_mode="align_corners"), None, [3, 3]),
+])
+def test_opset18_axes_and_aspect_ratio_policies_match_onnxruntime(attrs, scales, sizes):
+    """Resize's opset-18 ``axes`` and ``keep_aspect_ratio_policy``, which TVM's converter refused."""
+    ours, theirs, _ = _ours_and_theirs(_resize_model(attrs, scales=scales, sizes=sizes))
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
