@@ -293,6 +293,27 @@ def _is_inf_by_sign(is_inf: type) -> type:
     return IsInfBySign
 
 
+# TVM converters that build float32 constants whatever the input's dtype, so a float16 input failed ("Binary
+# operators must have the same datatype")
+FLOAT32_CONSTANT_OP_TYPES = ("Elu", "Selu", "LRN")
+
+
+def _half_through_float32(converter: type) -> type:
+    """``converter`` applied to a float16 input in float32 (cast in, result cast back), as onnxruntime's CPU
+    kernels compute float16 ops; other dtypes pass as they are."""
+
+    def widened(parent_impl: Any) -> Any:
+        def impl(cls, bb, inputs, attr, params):
+            if str(getattr(getattr(inputs[0], "ty", None), "dtype", "")) != "float16":
+                return parent_impl(bb, inputs, attr, params)
+            wide = [bb.emit(relax.op.astype(inputs[0], "float32")), *inputs[1:]]
+            return bb.emit(relax.op.astype(bb.normalize(parent_impl(bb, wide, attr, params)), "float16"))
+        return classmethod(impl)
+
+    versions = {k: widened(getattr(converter, k)) for k in dir(converter) if k.startswith("_impl_v")}
+    return type(converter.__name__, (converter,), {**versions, "__doc__": converter.__doc__})
+
+
 def _pow_of_any_exponent_type(pow_converter: type) -> type:
     """ONNX Pow takes an exponent of another numeric type than the base (``x ** 3`` with an int64 3); TVM's
     converter requires one dtype: the exponent is cast to the base's type (onnxruntime computes it so)."""
@@ -331,6 +352,9 @@ def install_onnx_converters() -> None:
             convert_map["Resize"] = checked_resize(convert_map["Resize"])
         if "MaxPool" in convert_map:
             convert_map["MaxPool"] = pool_with_explicit_pads(max_pool_with_indices(convert_map["MaxPool"]))
+        for op_type in FLOAT32_CONSTANT_OP_TYPES:
+            if op_type in convert_map:
+                convert_map[op_type] = _half_through_float32(convert_map[op_type])
         if "IsInf" in convert_map:
             convert_map["IsInf"] = _is_inf_by_sign(convert_map["IsInf"])
         if "Pow" in convert_map:

@@ -199,3 +199,21 @@ def test_a_half_precision_torch_module_gets_the_onnx_route_which_compiles(tmp_pa
         expected = module(x).numpy()
     got = hetpart.compile(str(path), devices="cpu")(x.numpy())[0]
     assert compare_outputs([got], [expected]).ok
+
+
+@pytest.mark.parametrize("op_type,attrs", [("Elu", {"alpha": 0.5}), ("Selu", {}), ("LRN", {"size": 3}),
+                                           ("InstanceNormalization", {}), ("Softplus", {}), ("Mish", {})])
+def test_one_op_half_models_match_onnxruntime(tmp_path, op_type, attrs):
+    """float16 one-op models; TVM's Elu, Selu and LRN converters built float32 constants and refused a float16
+    input (they now run in float32 and round once, as onnxruntime does)."""
+    shape = (1, 4, 6, 6)
+    inputs = ["x", "scale", "bias"] if op_type == "InstanceNormalization" else ["x"]
+    inits = [numpy_helper.from_array(np.full(4, v, np.float16), n) for n, v in (("scale", 1.5), ("bias", 0.1))] \
+        if op_type == "InstanceNormalization" else []
+    graph = helper.make_graph([helper.make_node(op_type, inputs, ["y"], **attrs)], "one",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, list(shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, list(shape))], inits)
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), tmp_path / "one.onnx")
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float16)
+    got = hetpart.compile(str(path), devices="cpu")(x)[0]
+    assert got.dtype == np.float16 and compare_outputs([got], [reference(path, x)]).ok
