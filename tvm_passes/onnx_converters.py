@@ -27,7 +27,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
 from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
-from tvm_passes.onnx_nodes import constant_value, wrap_convert_map
+from tvm_passes.onnx_nodes import constant_value, wrap_convert_map, wrap_impls
 from tvm_passes.onnx_nodes import node_label as _where
 from tvm_passes.onnx_padding import conv_transpose_with_output_shape, pool_with_explicit_pads
 from tvm_passes.onnx_resize import checked_resize
@@ -273,6 +273,7 @@ class Col2Im(_onnx_frontend.OnnxOpConverter):
             output_padding=[height - covered[0], width - covered[1]], kernel_layout="IOHW"))
 
 
+@functools.lru_cache(maxsize=None)      # one subclass per TVM class, not one per node converted (wrap_impls)
 def _is_inf_by_sign(is_inf: type) -> type:
     """TVM's IsInf converter ignores ``detect_positive``/``detect_negative`` (an IsInf(detect_positive=0) flagged
     +inf too): only the infinities of the signs asked for count."""
@@ -301,19 +302,17 @@ FLOAT32_CONSTANT_OP_TYPES = ("Elu", "Selu", "LRN")
 def _half_through_float32(converter: type) -> type:
     """``converter`` applied to a float16 input in float32 (cast in, result cast back), as onnxruntime's CPU
     kernels compute float16 ops; other dtypes pass as they are."""
-
-    def widened(parent_impl: Any) -> Any:
-        def impl(cls, bb, inputs, attr, params):
-            if str(getattr(getattr(inputs[0], "ty", None), "dtype", "")) != "float16":
-                return parent_impl(bb, inputs, attr, params)
-            wide = [bb.emit(relax.op.astype(inputs[0], "float32")), *inputs[1:]]
-            return bb.emit(relax.op.astype(bb.normalize(parent_impl(bb, wide, attr, params)), "float16"))
-        return classmethod(impl)
-
-    versions = {k: widened(getattr(converter, k)) for k in dir(converter) if k.startswith("_impl_v")}
-    return type(converter.__name__, (converter,), {**versions, "__doc__": converter.__doc__})
+    return wrap_impls(converter, _in_float32)
 
 
+def _in_float32(parent_impl: Any, bb: relax.BlockBuilder, inputs: Sequence[Any], attr: dict, params: Any) -> Any:
+    if str(getattr(getattr(inputs[0], "ty", None), "dtype", "")) != "float16":
+        return parent_impl(bb, inputs, attr, params)
+    wide = [bb.emit(relax.op.astype(inputs[0], "float32")), *inputs[1:]]
+    return bb.emit(relax.op.astype(bb.normalize(parent_impl(bb, wide, attr, params)), "float16"))
+
+
+@functools.lru_cache(maxsize=None)
 def _pow_of_any_exponent_type(pow_converter: type) -> type:
     """ONNX Pow takes an exponent of another numeric type than the base (``x ** 3`` with an int64 3); TVM's
     converter requires one dtype: the exponent is cast to the base's type (onnxruntime computes it so)."""

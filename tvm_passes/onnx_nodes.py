@@ -1,16 +1,18 @@
 """Small helpers shared by hetpart's ONNX converters (:mod:`tvm_passes.rnn`, :mod:`tvm_passes.onnx_converters`,
 :mod:`tvm_passes.onnx_contrib`, :mod:`tvm_passes.onnx_quantized`, :mod:`tvm_passes.onnx_pooling`): how a node is
-named in an error, the value of a constant input, and registering converters with TVM's importer."""
+named in an error, the value of a constant input, registering converters with TVM's importer, and wrapping one of
+TVM's converters."""
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
-__all__ = ["constant_value", "node_label", "wrap_convert_map"]
+__all__ = ["constant_value", "node_label", "wrap_convert_map", "wrap_impls"]
 
 
 def node_label(op_type: str, attrs: dict) -> str:
@@ -46,3 +48,21 @@ def wrap_convert_map(label: str, update: Any) -> bool:
     convert_map._hetpart_installed = installed | {label}
     _onnx_frontend._get_convert_map = convert_map
     return True
+
+
+# TVM's importer asks for the convert map once per node it converts, and the map's update wraps the converters
+# again each time: one subclass per (converter, wrapper), made once, not one per node (178 us a node with six
+# wrappers made anew).
+@functools.lru_cache(maxsize=None)
+def wrap_impls(converter: type, wrapper: Callable[..., Any]) -> type:
+    """A subclass of TVM's ONNX converter class ``converter`` whose every ``_impl_v<N>`` calls
+    ``wrapper(parent_impl, bb, inputs, attr, params)`` (``parent_impl``: that version of ``converter``), so
+    ``get_converter`` still picks among the same versions. ``wrapper`` must be a module-level function (the class
+    is cached by it)."""
+    def wrapped(parent_impl: Any) -> Any:
+        def impl(cls, bb, inputs, attr, params):
+            return wrapper(parent_impl, bb, inputs, attr, params)
+        return classmethod(impl)
+
+    versions = {k: wrapped(getattr(converter, k)) for k in dir(converter) if k.startswith("_impl_v")}
+    return type(converter.__name__, (converter,), {**versions, "__doc__": converter.__doc__})

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from tvm_passes.onnx_nodes import wrap_impls
+
 __all__ = ["conv_transpose_with_output_shape", "pool_with_explicit_pads"]
 
 
@@ -42,16 +44,6 @@ def same_pads(lengths: list[int], kernel: list[int], strides: list[int], dilatio
     return begins + ends
 
 
-def _wrapped(converter: type, name: str, rewrite) -> type:
-    def checked(parent_impl: Any) -> Any:
-        def impl(cls, bb, inputs, attr, params):
-            return parent_impl(bb, inputs, rewrite(inputs, attr), params)
-        return classmethod(impl)
-
-    versions = {k: checked(getattr(converter, k)) for k in dir(converter) if k.startswith("_impl_v")}
-    return type(name, (converter,), {**versions, "__doc__": converter.__doc__})
-
-
 def _pool_attrs(inputs: list, attr: dict) -> dict:
     mode = _text(attr.get("auto_pad", "NOTSET"))
     lengths = _spatial_dims(inputs[0])
@@ -67,7 +59,11 @@ def _pool_attrs(inputs: list, attr: dict) -> dict:
 
 def pool_with_explicit_pads(pool: type) -> type:
     """A pool converter given explicit ``pads`` for ``auto_pad`` SAME_UPPER/SAME_LOWER (see the module's doc)."""
-    return _wrapped(pool, pool.__name__, _pool_attrs)
+    return wrap_impls(pool, _pool)
+
+
+def _pool(parent_impl: Any, bb: Any, inputs: list, attr: dict, params: Any) -> Any:
+    return parent_impl(bb, inputs, _pool_attrs(inputs, attr), params)
 
 
 def _conv_transpose_attrs(inputs: list, attr: dict) -> dict:
@@ -96,4 +92,8 @@ def _conv_transpose_attrs(inputs: list, attr: dict) -> dict:
 
 def conv_transpose_with_output_shape(conv_transpose: type) -> type:
     """TVM's ConvTranspose converter honouring ``output_shape`` (see the module's doc)."""
-    return _wrapped(conv_transpose, "ConvTranspose", _conv_transpose_attrs)
+    return wrap_impls(conv_transpose, _conv_transpose)
+
+
+def _conv_transpose(parent_impl: Any, bb: Any, inputs: list, attr: dict, params: Any) -> Any:
+    return parent_impl(bb, inputs, _conv_transpose_attrs(inputs, attr), params)

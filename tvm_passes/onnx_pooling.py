@@ -9,7 +9,6 @@ indices, or for other ranks without them, TVM's converter runs unchanged. Tests 
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -17,7 +16,7 @@ import numpy as np
 from tvm import relax
 
 from hetpart.errors import UnsupportedOpError
-from tvm_passes.onnx_nodes import node_label
+from tvm_passes.onnx_nodes import node_label, wrap_impls
 
 __all__ = ["max_pool_with_indices"]
 
@@ -79,17 +78,12 @@ def _pool_with_indices(bb: relax.BlockBuilder, x: relax.Expr, attr: dict) -> rel
     return relax.Tuple([values, indices])
 
 
-@functools.lru_cache(maxsize=None)      # one subclass per TVM class, not one per node converted
 def max_pool_with_indices(max_pool: type) -> type:
     """TVM's MaxPool converter class, extended with the indices output when the node asks for it."""
+    return wrap_impls(max_pool, _with_indices)
 
-    def extended(parent_impl: Any) -> Any:
-        def impl(cls, bb, inputs, attr, params):
-            if int(attr.get("tvm_custom", {}).get("num_outputs", 1)) > 1:
-                return _pool_with_indices(bb, inputs[0], attr)
-            return parent_impl(bb, inputs, attr, params)
 
-        return classmethod(impl)
-
-    versions = {name: extended(getattr(max_pool, name)) for name in dir(max_pool) if name.startswith("_impl_v")}
-    return type("MaxPool", (max_pool,), {**versions, "__doc__": max_pool.__doc__})
+def _with_indices(parent_impl: Any, bb: relax.BlockBuilder, inputs: Any, attr: dict, params: Any) -> Any:
+    if int(attr.get("tvm_custom", {}).get("num_outputs", 1)) > 1:
+        return _pool_with_indices(bb, inputs[0], attr)
+    return parent_impl(bb, inputs, attr, params)

@@ -22,7 +22,7 @@ import numpy as np
 from tvm import relax
 
 from hetpart.errors import UnsupportedOpError
-from tvm_passes.onnx_nodes import constant_value
+from tvm_passes.onnx_nodes import constant_value, wrap_impls
 from tvm_passes.onnx_nodes import node_label as _where
 
 __all__ = ["checked_resize", "source_weights"]
@@ -152,31 +152,26 @@ def _plan_tvm_gets_wrong(inputs: Sequence[Any], attr: dict, params: Any) -> list
 
 def checked_resize(resize: type) -> type:
     """TVM's Resize converter with the cases it gets wrong computed here or refused (see the module's doc)."""
+    return wrap_impls(resize, _resize)
 
-    def checked(parent_impl: Any) -> Any:
-        def impl(cls, bb, inputs, attr, params):
-            if int(attr.get("antialias", 0)) and _resize_may_shrink(inputs, params):
-                raise UnsupportedOpError(
-                    f"{_where('Resize', attr)}: antialias=1 on a resize that shrinks an axis is not supported "
-                    "(TVM's resize has no antialiasing filter); export the model with antialias=False")
-            plan = _plan_tvm_gets_wrong(inputs, attr, params)
-            if plan is None:
-                return parent_impl(bb, inputs, attr, params)
-            x = inputs[0]
-            dims = [int(d) for d in x.ty.shape.values]
-            for axis, (length, (scale, out_length)) in enumerate(zip(dims, plan)):
-                if out_length < 1:
-                    raise UnsupportedOpError(f"{_where('Resize', attr)}: scale {scale} leaves axis {axis} of length "
-                                             f"{length} empty")
-                if scale != 1 or out_length != length:
-                    x = _resize_axis(bb, x, axis, out_length, float(scale), attr)
-            return x
 
-        return classmethod(impl)
-
-    # every version TVM has, each checked first (get_converter still picks among the same versions)
-    versions = {name: checked(getattr(resize, name)) for name in dir(resize) if name.startswith("_impl_v")}
-    return type("Resize", (resize,), {**versions, "__doc__": resize.__doc__})
+def _resize(parent_impl: Any, bb: relax.BlockBuilder, inputs: Sequence[Any], attr: dict, params: Any) -> Any:
+    if int(attr.get("antialias", 0)) and _resize_may_shrink(inputs, params):
+        raise UnsupportedOpError(
+            f"{_where('Resize', attr)}: antialias=1 on a resize that shrinks an axis is not supported "
+            "(TVM's resize has no antialiasing filter); export the model with antialias=False")
+    plan = _plan_tvm_gets_wrong(inputs, attr, params)
+    if plan is None:
+        return parent_impl(bb, inputs, attr, params)
+    x = inputs[0]
+    dims = [int(d) for d in x.ty.shape.values]
+    for axis, (length, (scale, out_length)) in enumerate(zip(dims, plan)):
+        if out_length < 1:
+            raise UnsupportedOpError(f"{_where('Resize', attr)}: scale {scale} leaves axis {axis} of length "
+                                     f"{length} empty")
+        if scale != 1 or out_length != length:
+            x = _resize_axis(bb, x, axis, out_length, float(scale), attr)
+    return x
 
 
 def _resize_may_shrink(inputs: Sequence[Any], params: Any) -> bool:
