@@ -30,7 +30,7 @@ DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-4
 DEFAULT_HALF_TOLERANCE = 3e-2     # float16 outputs: max |diff| <= this x max |reference|
 HALF_DTYPES = (np.float16,)
-HALF_DTYPE_NAMES = frozenset({"float16"})
+HALF_DTYPE_NAMES = frozenset(np.dtype(d).name for d in HALF_DTYPES)
 DEFAULT_INTEGER_HIGH = 2          # integer inputs that index nothing (masks, flags): values 0 or 1
 # the newest ONNX IR version onnxruntime 1.31 loads; newer files are read and handed over at this version
 MAX_ORT_IR_VERSION = 10
