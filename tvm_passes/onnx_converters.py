@@ -1,10 +1,11 @@
 """ONNX ops TVM 0.27's Relax importer has no converter for, found in exported inference models: ``STFT`` and
 ``DFT`` (audio front ends: torch's ``stft(..., return_complex=False)`` exports ``STFT``), ``ReverseSequence``
 (tf2onnx's bidirectional recurrent layers reverse each sequence within its own length), ``Celu``,
-``LpNormalization`` and ``Col2Im`` (torch's ``nn.Fold``); the quantized ops of :mod:`tvm_passes.onnx_quantized`
+``LpNormalization``, ``Col2Im`` (torch's ``nn.Fold``), ``Det`` (:mod:`tvm_passes.onnx_det`) and
+``CenterCropPad`` (:mod:`tvm_passes.onnx_center_crop_pad`); the quantized ops of :mod:`tvm_passes.onnx_quantized`
 and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib`. TVM's ``Resize`` is wrapped by
 :mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling` and (like ``ConvTranspose``) by
-:mod:`tvm_passes.onnx_padding`.
+:mod:`tvm_passes.onnx_padding`, ``LayerNormalization`` by :mod:`tvm_passes.onnx_normalization`.
 
 Shapes are static here (hetpart binds input shapes before import), so a transform is a matmul with a constant
 matrix of cosines and sines (exact to float32 rounding, where onnxruntime runs an FFT), and ``ReverseSequence`` a
@@ -26,9 +27,12 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
+from tvm_passes.onnx_center_crop_pad import CenterCropPad
 from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
+from tvm_passes.onnx_det import Det
 from tvm_passes.onnx_nodes import constant_value, wrap_convert_map, wrap_impls
 from tvm_passes.onnx_nodes import node_label as _where
+from tvm_passes.onnx_normalization import layer_norm_with_statistics
 from tvm_passes.onnx_padding import conv_transpose_with_output_shape, pool_with_explicit_pads
 from tvm_passes.onnx_resize import checked_resize
 from tvm_passes.onnx_pooling import max_pool_with_indices
@@ -330,7 +334,8 @@ def _pow_of_any_exponent_type(pow_converter: type) -> type:
 
 
 _CONVERTERS = {"STFT": Stft, "DFT": Dft, "ReverseSequence": ReverseSequence, "Celu": Celu,
-               "LpNormalization": LpNormalization, "Col2Im": Col2Im, **QUANTIZED_CONVERTERS}
+               "LpNormalization": LpNormalization, "Col2Im": Col2Im, "Det": Det, "CenterCropPad": CenterCropPad,
+               **QUANTIZED_CONVERTERS}
 CONVERTED_OP_TYPES: Sequence[str] = (*_CONVERTERS, *CONTRIB_CONVERTERS)
 
 
@@ -358,6 +363,8 @@ def install_onnx_converters() -> None:
             convert_map["IsInf"] = _is_inf_by_sign(convert_map["IsInf"])
         if "Pow" in convert_map:
             convert_map["Pow"] = _pow_of_any_exponent_type(convert_map["Pow"])
+        if "LayerNormalization" in convert_map:
+            convert_map["LayerNormalization"] = layer_norm_with_statistics(convert_map["LayerNormalization"])
         if "ConvTranspose" in convert_map:
             convert_map["ConvTranspose"] = conv_transpose_with_output_shape(convert_map["ConvTranspose"])
 

@@ -14,6 +14,7 @@ import tvm
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
+from hetpart.errors import UnsupportedOpError
 from tvm_passes.frontend import import_model
 from tvm_passes.schedules import cpu_pipeline, default_cpu_target
 
@@ -499,8 +500,53 @@ def _build_attribute_forms() -> None:
           [C("e", np.array(3, np.int64))], feeds={"x": odd})
 
 
+def _build_statistics_and_new_converters() -> None:
+    """LayerNormalization's Mean/InvStdDev (TVM returned scalar zeros), Det and CenterCropPad (no TVM converter)."""
+    rng = np.random.default_rng(2)
+    vi = lambda n, s, d=F: helper.make_tensor_value_info(n, d, s)  # noqa: E731
+    N = helper.make_node  # noqa: N806
+    C = lambda name, arr: numpy_helper.from_array(np.asarray(arr), name)  # noqa: E731
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32) * 3 + 1
+    for axis in (-1, 1):
+        shape = [2, 3, 8][axis:]
+        _case(f"layer_norm_statistics_axis{axis}",
+              [N("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv_std"], axis=axis, epsilon=1e-3)],
+              [vi("x", [2, 3, 8])], [vi("y", None), vi("mean", None), vi("inv_std", None)],
+              [C("s", rng.random(shape).astype(np.float32)), C("b", rng.random(shape).astype(np.float32))],
+              opset=17, feeds={"x": x})
+    # the statistics read downstream, by a node after the norm (not only as graph outputs)
+    _case("layer_norm_statistics_consumed",
+          [N("LayerNormalization", ["x", "s"], ["y", "mean", "inv_std"]), N("Mul", ["mean", "inv_std"], "m"),
+           N("Add", ["y", "m"], ["z"])],
+          [vi("x", [2, 3, 8])], [vi("z", None)], [C("s", rng.random(8).astype(np.float32))], opset=17, feeds={"x": x})
+    half = x.astype(np.float16)
+    _case("layer_norm_statistics_float16_stashed_in_float32",     # Mean/InvStdDev float32 (stash_type 1)
+          [N("LayerNormalization", ["x", "s", "b"], ["y", "mean", "inv_std"])],
+          [vi("x", [2, 3, 8], TensorProto.FLOAT16)],
+          [vi("y", None, TensorProto.FLOAT16), vi("mean", None), vi("inv_std", None)],
+          [C("s", rng.random(8).astype(np.float16)), C("b", rng.random(8).astype(np.float16))], opset=17,
+          feeds={"x": half}, rtol=1e-2)
+    singular = rng.standard_normal((4, 4)).astype(np.float32)
+    singular[3] = singular[0] + singular[1]
+    needs_pivot = np.array([[0, 2, 1], [1, 0, 3], [4, 1, 0]], np.float32)
+    for name, matrices in (("det_batch", rng.standard_normal((2, 3, 5, 5)).astype(np.float32)),
+                           ("det_single_2x2", rng.standard_normal((2, 2)).astype(np.float32)),
+                           ("det_1x1", rng.standard_normal((3, 1, 1)).astype(np.float32)),
+                           ("det_zero_pivot", np.stack([needs_pivot, needs_pivot[[1, 0, 2]]])),
+                           ("det_singular", np.stack([rng.standard_normal((4, 4)).astype(np.float32) + 2 * np.eye(4,
+                                     dtype=np.float32), singular, np.zeros((4, 4), np.float32)]))):
+        _case(name, [N("Det", ["a"], ["d"])], [vi("a", list(matrices.shape))], [vi("d", None)], opset=17,
+              feeds={"a": matrices})
+    image = rng.standard_normal((3, 10, 7)).astype(np.float32)
+    _case("center_crop_pad_all_axes", [N("CenterCropPad", ["x", "s"], ["y"])], [vi("x", [3, 10, 7])], [vi("y", None)],
+          [C("s", np.array([3, 5, 12], np.int64))], feeds={"x": image})
+    _case("center_crop_pad_negative_axes", [N("CenterCropPad", ["x", "s"], ["y"], axes=[-1, -2])],
+          [vi("x", [3, 10, 7])], [vi("y", None)], [C("s", np.array([4, 13], np.int64))], feeds={"x": image})
+
+
 _build()
 _build_attribute_forms()
+_build_statistics_and_new_converters()
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -520,3 +566,13 @@ def test_op_form_matches_onnxruntime(tmp_path, name):
         assert g.shape == e.shape and g.dtype == e.dtype, name
         scale = float(np.abs(e).max()) + 1e-9 if e.size else 1.0
         assert float(np.abs(g.astype(np.float64) - e).max()) / scale < rtol, name
+
+
+def test_det_of_non_square_matrices_is_refused_naming_the_shape(tmp_path):
+    node = helper.make_node("Det", ["a"], ["d"], name="det0")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", F, [2, 4, 3])],
+                              [helper.make_tensor_value_info("d", F, None)])
+    path = tmp_path / "det.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
+    with pytest.raises(UnsupportedOpError, match=r"Det node 'det0'.*square.*\[2, 4, 3\]"):
+        import_model(path, input_shapes={"a": (2, 4, 3)})
