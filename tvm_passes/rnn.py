@@ -285,8 +285,11 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
         masked = {"cell_mask": keep_cell} if spec.op_type == "LSTM" else {}
         h_new, c = step_cell(emit, weights, rows[time - first_time], h, c, spec.activations[d], **masked)
         h = emit(relax.op.where(valid("valid_h"), h_new, h), "h_kept")
-        # from the kept state, so the cell's output has one reader and the mask fuses into the cell kernel
-        outputs[time] = emit(relax.op.where(valid("valid_y"), h, relax.const(0, spec.dtype)), "y_masked")
+        if per_slice:
+            # the next layer's slices read the per-step outputs (rnn_slices.StepSequence): each masked by its step
+            outputs[time] = emit(relax.op.where(valid("valid_y"), h, relax.const(0, spec.dtype)), "y_masked")
+        else:
+            outputs[time] = h          # zeroed past each entry's length by the output stack (_mask_stacked_steps)
     emit.step = "out"
     if lens is not None and spec.lens_may_be_zero:     # onnxruntime: the states of an empty sequence are zero
         started = emit(relax.op.greater(lens, relax.const(0, "int32")), "started")
@@ -294,7 +297,20 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
         if spec.op_type == "LSTM":
             c = emit(relax.op.where(started, c, relax.const(0, spec.dtype)), "c_final")
     y = stack_steps(emit, outputs, spec.time_axis, "y_dir")
+    if lens is not None and not per_slice:
+        y = _mask_past_lengths(emit, spec, lens, y)
     return y, h, c, tuple(outputs)
+
+
+def _mask_past_lengths(emit: Emitter, spec: _RnnSpec, lens: relax.Expr, y: relax.Expr) -> relax.Expr:
+    """One direction's stacked outputs ``y`` with zeros where a time position is at or past its batch entry's
+    length (``lens`` [batch, 1] int32). One mask over all steps, fused into the kernel that concatenates the stacks
+    of steps, where a mask per step ran a kernel of its own every step (the kept state it reads has other
+    readers)."""
+    times = np.arange(spec.seq_len, dtype=np.int32).reshape([-1, 1, 1] if spec.time_axis == 0 else [1, -1, 1])
+    lengths = lens if spec.time_axis == 0 else emit(relax.op.reshape(lens, [spec.batch, 1, 1]), "lens_rows")
+    valid = emit(relax.op.less(relax.const(times, "int32"), lengths), "valid_y")
+    return emit(relax.op.where(valid, y, relax.const(0, spec.dtype)), "y_masked")
 
 
 def _next_layer(bb: relax.BlockBuilder) -> int:

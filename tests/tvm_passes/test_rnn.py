@@ -350,6 +350,27 @@ def test_gates_fuse_into_the_cell_kernels(op_type, lbr, kernels_per_step):
     assert len(repeating) == pytest.approx(seq * kernels_per_step, abs=kernels_per_step), kernels
 
 
+@pytest.mark.parametrize("op_type,layout", [("LSTM", 0), ("GRU", 1)])
+def test_variable_lengths_add_no_kernel_per_step(op_type, layout):
+    """Over a padded batch (``sequence_lens``) a step runs as many kernels as over full sequences: the state's mask
+    fuses into the cell kernels and the outputs are zeroed past each length once, in the kernel that stacks the
+    steps (a mask per step was a kernel of its own every step: the kept state has other readers)."""
+    seq = 20
+
+    def step_kernels(model: onnx.ModelProto) -> int:
+        fused = _fused(model)
+        kernels: list[str] = []
+        relax.analysis.post_order_visit(fused["main"], lambda e: kernels.append(e.args[0].name_hint)
+                                        if _is_op(e) and e.op.name == "relax.call_tir" else None)
+        return len(kernels)
+
+    common = dict(seq=seq, batch=3, input_size=8, hidden=16, with_initial=False, layout=layout)
+    full, _ = build_rnn_model(op_type, **common)
+    padded, _ = build_rnn_model(op_type, sequence_lens=[20, 7, 1], **common)
+    # the padded model adds the lengths' cast and reshape and the one output mask, never a kernel per step
+    assert step_kernels(padded) - step_kernels(full) <= 3
+
+
 @pytest.mark.parametrize("seq,time_major,batch", [(1, True, 2), (7, True, 3), (40, False, 2), (300, True, 1)])
 def test_step_rows_are_the_projection_rows(seq, time_major, batch):
     """The split tree gives row t of the projection for every t, time- or batch-major, with at most
