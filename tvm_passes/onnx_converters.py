@@ -3,7 +3,8 @@
 (tf2onnx's bidirectional recurrent layers reverse each sequence within its own length), ``Celu``,
 ``LpNormalization``, ``Col2Im`` (torch's ``nn.Fold``), ``Det`` (:mod:`tvm_passes.onnx_det`) and
 ``CenterCropPad`` (:mod:`tvm_passes.onnx_center_crop_pad`); the quantized ops of :mod:`tvm_passes.onnx_quantized`
-and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib`. TVM's ``Resize`` is wrapped by
+and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib` (``Attention``, the ONNX op and
+the contrib op of that name: :mod:`tvm_passes.onnx_attention`). TVM's ``Resize`` is wrapped by
 :mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling` and (like ``ConvTranspose``) by
 :mod:`tvm_passes.onnx_padding`, ``LayerNormalization`` by :mod:`tvm_passes.onnx_normalization`.
 
@@ -27,6 +28,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
+from tvm_passes.onnx_attention import Attention
 from tvm_passes.onnx_center_crop_pad import CenterCropPad
 from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
 from tvm_passes.onnx_det import Det
@@ -352,6 +354,7 @@ def install_onnx_converters() -> None:
                 convert_map[op_type] = converter
             else:
                 convert_map.setdefault(op_type, converter)
+        convert_map["Attention"] = Attention      # the ONNX op of opset 23 on, or onnxruntime's contrib op
         if "Resize" in convert_map:
             convert_map["Resize"] = checked_resize(convert_map["Resize"])
         if "MaxPool" in convert_map:
