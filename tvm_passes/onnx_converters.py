@@ -4,7 +4,8 @@
 ``LpNormalization``, ``Col2Im`` (torch's ``nn.Fold``), ``Det`` (:mod:`tvm_passes.onnx_det`) and
 ``CenterCropPad`` (:mod:`tvm_passes.onnx_center_crop_pad`); the quantized ops of :mod:`tvm_passes.onnx_quantized`
 and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib` (``Attention``, the ONNX op and
-the contrib op of that name: :mod:`tvm_passes.onnx_attention`). TVM's ``Resize`` is wrapped by
+the contrib op of that name: :mod:`tvm_passes.onnx_attention`; ``FusedConv`` and ``FusedGemm``:
+:mod:`tvm_passes.onnx_fused`). TVM's ``Resize`` is wrapped by
 :mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling` and (like ``ConvTranspose``) by
 :mod:`tvm_passes.onnx_padding`, ``LayerNormalization`` by :mod:`tvm_passes.onnx_normalization`.
 
@@ -32,6 +33,7 @@ from tvm_passes.onnx_attention import Attention
 from tvm_passes.onnx_center_crop_pad import CenterCropPad
 from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
 from tvm_passes.onnx_det import Det
+from tvm_passes.onnx_fused import fused_conv, fused_gemm
 from tvm_passes.onnx_nodes import constant_value, wrap_convert_map, wrap_impls
 from tvm_passes.onnx_nodes import node_label as _where
 from tvm_passes.onnx_normalization import layer_norm_with_statistics
@@ -355,6 +357,10 @@ def install_onnx_converters() -> None:
             else:
                 convert_map.setdefault(op_type, converter)
         convert_map["Attention"] = Attention      # the ONNX op of opset 23 on, or onnxruntime's contrib op
+        if "Conv" in convert_map:                 # onnxruntime's fusions, as a model it optimized saves them
+            convert_map.setdefault("FusedConv", fused_conv(convert_map["Conv"]))
+        if "Gemm" in convert_map:
+            convert_map.setdefault("FusedGemm", fused_gemm(convert_map["Gemm"]))
         if "Resize" in convert_map:
             convert_map["Resize"] = checked_resize(convert_map["Resize"])
         if "MaxPool" in convert_map:
