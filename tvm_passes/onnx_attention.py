@@ -18,6 +18,7 @@ here. Tested against onnxruntime in ``tests/tvm_passes/test_onnx_attention.py``.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from tvm import relax
@@ -26,7 +27,7 @@ from hetpart.errors import UnsupportedOpError
 from tvm_passes.onnx_contrib import Attention as ContribAttention
 from tvm_passes.onnx_nodes import node_label
 
-__all__ = ["Attention"]
+__all__ = ["Attended", "Attention", "attend", "heads_first"]
 
 _ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
 _LOWEST = {name: float(np.finfo(name).min) for name in ("float16", "float32", "float64")}   # bfloat16: float32's
@@ -63,9 +64,9 @@ def _standard_attention(bb: relax.BlockBuilder, inputs: list, attr: dict) -> rel
         if "q_num_heads" not in attr or "kv_num_heads" not in attr:
             raise UnsupportedOpError(f"{where}: 3-D Q, K, V need the q_num_heads and kv_num_heads attributes; "
                                      "found them missing. Fix the node or export 4-D inputs")
-        q = _heads_first(bb, q, int(attr["q_num_heads"]))
-        k = _heads_first(bb, k, int(attr["kv_num_heads"]))
-        v = _heads_first(bb, v, int(attr["kv_num_heads"]))
+        q = heads_first(bb, q, int(attr["q_num_heads"]))
+        k = heads_first(bb, k, int(attr["kv_num_heads"]))
+        v = heads_first(bb, v, int(attr["kv_num_heads"]))
     elif rank != 4:
         raise UnsupportedOpError(f"{where}: Q, K and V must be 3-D or 4-D; found rank {rank}")
     past_length = 0
@@ -84,23 +85,52 @@ def _standard_attention(bb: relax.BlockBuilder, inputs: list, attr: dict) -> rel
         v = bb.emit(relax.op.repeat(v, q_heads // kv_heads, axis=1))
     scale = attr.get("scale")
     scale = 1.0 / math.sqrt(head_size) if scale is None else float(scale)
+    bias = _bias(bb, mask, int(attr.get("is_causal", 0)), q_length, kv_length, past_length, dtype,
+                 _LOWEST.get(dtype, _LOWEST["float32"]))
+    precision = attr.get("softmax_precision")
+    attended = attend(bb, q, k, v, scale, bias, guard_empty_rows=mask is not None,
+                      softcap=float(attr.get("softcap", 0.0)),
+                      softmax_dtype=_ONNX_FLOAT_TYPES.get(int(precision), dtype) if precision is not None else dtype)
+    y = attended.y
+    if rank == 3:
+        y = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3])),
+                                     [batch, q_length, q_heads * _dims(v)[3]]))
+    outputs = [y, present_key, present_value]
+    count = int(attr.get("tvm_custom", {}).get("num_outputs", 1))
+    if count > 3:
+        mode = int(attr.get("qk_matmul_output_mode", 0))
+        outputs.append({2: attended.biased, 3: attended.probs}.get(mode, attended.scores))
+    return outputs[0] if count == 1 else relax.Tuple(outputs[:count])
+
+
+class Attended(NamedTuple):
+    """What :func:`attend` computed: the output and the scores at each stage (``qk_matmul_output``'s modes)."""
+
+    y: relax.Expr          # [batch, heads, q_length, v_size]
+    scores: relax.Expr     # scaled (and soft-capped) Q K^T
+    biased: relax.Expr     # plus the bias
+    probs: relax.Expr      # after the softmax
+
+
+def attend(bb: relax.BlockBuilder, q: relax.Expr, k: relax.Expr, v: relax.Expr, scale: float,
+           bias: relax.Expr | None, guard_empty_rows: bool, softcap: float = 0.0,
+           softmax_dtype: str | None = None) -> Attended:
+    """softmax(scale * Q K^T (soft-capped) + bias) V over [batch, heads, seq, size] operands. ``guard_empty_rows``:
+    a row whose every score is masked (the lowest finite value or -inf) gives zeros, not NaN."""
+    dtype = str(q.ty.dtype)
     scores = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
     scores = bb.emit(relax.op.multiply(scores, relax.const(scale, dtype)))
-    softcap = float(attr.get("softcap", 0.0))
     if softcap > 0:
         cap = relax.const(softcap, dtype)
         scores = bb.emit(relax.op.multiply(bb.emit(relax.op.tanh(bb.emit(relax.op.divide(scores, cap)))), cap))
     capped = scores
-    bias = _bias(bb, mask, int(attr.get("is_causal", 0)), q_length, kv_length, past_length, dtype,
-                 _LOWEST.get(dtype, _LOWEST["float32"]))
     if bias is not None:
         scores = bb.emit(relax.op.add(scores, bias))
-    with_bias = scores
-    precision = attr.get("softmax_precision")
-    soft_dtype = _ONNX_FLOAT_TYPES.get(int(precision), dtype) if precision is not None else dtype
+    biased = scores
+    soft_dtype = softmax_dtype or dtype
     if soft_dtype != dtype:
         scores = bb.emit(relax.op.astype(scores, soft_dtype))
-    if mask is not None:        # a row whose keys are all masked: zeros, not NaN
+    if guard_empty_rows:
         # a fully masked row holds the lowest finite value (or -inf) only: its maximum is the lowest
         lowest = relax.const(_LOWEST.get(soft_dtype, _LOWEST["float32"]), soft_dtype)
         dead = bb.emit(relax.op.less_equal(bb.emit(relax.op.max(scores, axis=-1, keepdims=True)), lowest))
@@ -111,19 +141,10 @@ def _standard_attention(bb: relax.BlockBuilder, inputs: list, attr: dict) -> rel
         probs = bb.emit(relax.op.nn.softmax(scores, axis=-1))
     if soft_dtype != dtype:
         probs = bb.emit(relax.op.astype(probs, dtype))
-    y = bb.emit(relax.op.matmul(probs, v))                               # [batch, q_heads, q_length, v_size]
-    if rank == 3:
-        y = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3])),
-                                     [batch, q_length, q_heads * _dims(v)[3]]))
-    outputs = [y, present_key, present_value]
-    count = int(attr.get("tvm_custom", {}).get("num_outputs", 1))
-    if count > 3:
-        mode = int(attr.get("qk_matmul_output_mode", 0))
-        outputs.append({0: capped, 1: capped, 2: with_bias, 3: probs}.get(mode, capped))
-    return outputs[0] if count == 1 else relax.Tuple(outputs[:count])
+    return Attended(bb.emit(relax.op.matmul(probs, v)), capped, biased, probs)
 
 
-def _heads_first(bb: relax.BlockBuilder, x: relax.Expr, heads: int) -> relax.Expr:
+def heads_first(bb: relax.BlockBuilder, x: relax.Expr, heads: int) -> relax.Expr:
     """[batch, seq, heads * size] -> [batch, heads, seq, size]."""
     batch, length, hidden = _dims(x)
     return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, [batch, length, heads, hidden // heads])),
