@@ -5,9 +5,9 @@
 ``CenterCropPad`` (:mod:`tvm_passes.onnx_center_crop_pad`); the quantized ops of :mod:`tvm_passes.onnx_quantized`
 and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib` (``Attention``, the ONNX op and
 the contrib op of that name: :mod:`tvm_passes.onnx_attention`; ``MultiHeadAttention``:
-:mod:`tvm_passes.onnx_multihead`; ``FusedConv`` and ``FusedGemm``: :mod:`tvm_passes.onnx_fused`). TVM's ``Resize`` is wrapped by
-:mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling` and (like ``ConvTranspose``) by
-:mod:`tvm_passes.onnx_padding`, ``LayerNormalization`` by :mod:`tvm_passes.onnx_normalization`.
+:mod:`tvm_passes.onnx_multihead`; ``FusedConv`` and ``FusedGemm``: :mod:`tvm_passes.onnx_fused`). TVM's
+``Resize`` is wrapped by :mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling` and (like
+``ConvTranspose``) by :mod:`tvm_passes.onnx_padding`, ``LayerNormalization`` by :mod:`tvm_passes.onnx_normalization`.
 
 Shapes are static here (hetpart binds input shapes before import), so a transform is a matmul with a constant
 matrix of cosines and sines (exact to float32 rounding, where onnxruntime runs an FFT), and ``ReverseSequence`` a
