@@ -7,7 +7,9 @@
   QLinear ops it writes around them (QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
   QLinearGlobalAveragePool, QLinearConcat): computed as TVM computes the equivalent QDQ form -- inputs
   dequantized, the op in float, the result quantized -- so a result can differ from onnxruntime's integer kernels
-  by one quantization step where a value falls on a rounding boundary (none did in the tests).
+  by one quantization step where a value falls on a rounding boundary (none did in the tests);
+- ``MatMulIntegerToFloat`` and ``DynamicQuantizeMatMul``, onnxruntime's fusions of a dynamically quantized MatMul
+  (a model it optimized and saved): the ONNX ops they fuse, composed from TVM's converters (int32 product).
 
 Tests against onnxruntime: ``tests/tvm_passes/test_onnx_quantized.py``.
 """
@@ -135,7 +137,43 @@ _QLINEAR_CONTRIB = {
 }
 
 
+def _integer_matmul_to_float(bb: relax.BlockBuilder, a: relax.Expr, b: relax.Expr, a_scale: relax.Expr,
+                             b_scale: relax.Expr, a_zero_point: Any, b_zero_point: Any, bias: Any,
+                             params: Any) -> relax.Expr:
+    """(a - a_zero_point) @ (b - b_zero_point) in int32 (TVM's MatMulInteger), times a_scale * b_scale, plus bias."""
+    product = bb.normalize(_onnx_frontend.MatMulInteger._impl_v10(
+        bb, _onnx_frontend.onnx_input([a, b, a_zero_point, b_zero_point]), {}, params))
+    dtype = str(a_scale.ty.dtype)
+    y = bb.emit(relax.op.multiply(bb.emit(relax.op.astype(product, dtype)),
+                                  bb.emit(relax.op.multiply(a_scale, b_scale))))
+    return y if bias is None else bb.emit(relax.op.add(y, bias))
+
+
+class MatMulIntegerToFloat(_onnx_frontend.OnnxOpConverter):
+    """com.microsoft MatMulIntegerToFloat (onnxruntime's fusion of a dynamically quantized MatMul):
+    (A - a_zero_point) @ (B - b_zero_point) * a_scale * b_scale + bias, the product in int32."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        return _integer_matmul_to_float(bb, inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5],
+                                        inputs[6], params)
+
+
+class DynamicQuantizeMatMul(_onnx_frontend.OnnxOpConverter):
+    """com.microsoft DynamicQuantizeMatMul: A quantized to uint8 as ONNX DynamicQuantizeLinear does (TVM's
+    converter), then :class:`MatMulIntegerToFloat` with B's scale, zero point and the bias."""
+
+    @classmethod
+    def _impl_v1(cls, bb, inputs, attr, params):
+        quantized = bb.normalize(_onnx_frontend.DynamicQuantizeLinear._impl_v11(
+            bb, _onnx_frontend.onnx_input([inputs[0]]), {}, params))
+        a, a_scale, a_zero_point = (bb.emit(relax.TupleGetItem(quantized, k)) for k in range(3))
+        return _integer_matmul_to_float(bb, a, inputs[1], a_scale, inputs[2], a_zero_point, inputs[3], inputs[4],
+                                        params)
+
+
+_DYNAMIC_CONTRIB = {"MatMulIntegerToFloat": MatMulIntegerToFloat, "DynamicQuantizeMatMul": DynamicQuantizeMatMul}
 QUANTIZED_CONVERTERS = {"ConvInteger": ConvInteger, "QLinearConv": QLinearConv, "QLinearMatMul": QLinearMatMul,
-                        **_QLINEAR_CONTRIB}
+                        **_QLINEAR_CONTRIB, **_DYNAMIC_CONTRIB}
 # onnxruntime's contrib ops among them: TVM's importer looks converters up by op type whatever the node's domain
-CONTRIB_OP_TYPES: Sequence[str] = tuple(f"com.microsoft.{op}" for op in _QLINEAR_CONTRIB)
+CONTRIB_OP_TYPES: Sequence[str] = tuple(f"com.microsoft.{op}" for op in (*_QLINEAR_CONTRIB, *_DYNAMIC_CONTRIB))

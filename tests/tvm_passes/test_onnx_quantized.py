@@ -49,13 +49,22 @@ class _Calibration:
         return next(self._feeds, None)
 
 
-@pytest.mark.parametrize("how", ["static_qoperator", "static_qoperator_per_channel", "static_qdq", "dynamic"])
+@pytest.mark.parametrize("how", ["static_qoperator", "static_qoperator_per_channel", "static_qdq", "dynamic",
+                                 "dynamic_saved_by_onnxruntime"])
 def test_quantized_models_match_onnxruntime(tmp_path, how):
     source = _float_model(tmp_path / "float.onnx")
     path = tmp_path / f"{how}.onnx"
     if how == "dynamic":
         quantization.quantize_dynamic(str(source), str(path), weight_type=quantization.QuantType.QInt8)
         expected_ops = {"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"}
+    elif how == "dynamic_saved_by_onnxruntime":         # its optimizer fuses the MatMul: DynamicQuantizeMatMul
+        quantization.quantize_dynamic(str(source), str(tmp_path / "dynamic.onnx"),
+                                      weight_type=quantization.QuantType.QInt8)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = str(path)
+        ort.InferenceSession(str(tmp_path / "dynamic.onnx"), options, providers=["CPUExecutionProvider"])
+        expected_ops = {"ConvInteger", "DynamicQuantizeMatMul"}
     else:
         quantization.quantize_static(
             str(source), str(path), _Calibration(),
@@ -96,4 +105,41 @@ def test_an_unconverted_quantized_op_gets_the_qdq_route(tmp_path):
               str(path))
     with pytest.raises(UnsupportedOpError, match=r"com.microsoft.QLinearAveragePool x1\. Quantize the float model "
                                                  r"in QDQ format instead"):
+        import_model(path)
+
+
+def test_matmul_integer_to_float_matches_onnxruntime(tmp_path):
+    """onnxruntime's MatMulIntegerToFloat: per-column weight scales and zero points, and a bias."""
+    from tests.tvm_passes.test_onnx_fused import _compare
+
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 255, (3, 6)).astype(np.uint8)
+    node = helper.make_node("MatMulIntegerToFloat", ["a", "b", "sa", "sb", "za", "zb", "bias"], ["y"],
+                            domain="com.microsoft")
+    inits = [numpy_helper.from_array(rng.integers(-128, 127, (6, 4)).astype(np.int8), "b"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "sa"),
+             numpy_helper.from_array(rng.uniform(0.01, 0.05, 4).astype(np.float32), "sb"),
+             numpy_helper.from_array(np.array(131, np.uint8), "za"),
+             numpy_helper.from_array(rng.integers(-3, 3, 4).astype(np.int8), "zb"),
+             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "bias")]
+    graph = helper.make_graph([node], "mitf", [helper.make_tensor_value_info("a", TensorProto.UINT8, [3, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    path = tmp_path / "mitf.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                      helper.make_opsetid("com.microsoft", 1)], ir_version=10),
+              str(path))
+    _compare(path, {"a": a})
+
+
+def test_dynamically_quantized_recurrent_layers_are_refused_with_the_fix(tmp_path):
+    from hetpart.errors import UnsupportedOpError
+    from tests.tvm_passes.rnn_models import build_rnn_model
+    from tvm_passes.frontend import import_model
+
+    model, _ = build_rnn_model("LSTM", seq=4, batch=1, input_size=8, hidden=16)
+    source, path = tmp_path / "lstm.onnx", tmp_path / "lstm_dynamic.onnx"
+    onnx.save(model, str(source))
+    quantization.quantize_dynamic(str(source), str(path), weight_type=quantization.QuantType.QInt8)
+    assert "DynamicQuantizeLSTM" in {n.op_type for n in onnx.load(str(path)).graph.node}
+    with pytest.raises(UnsupportedOpError, match=r"DynamicQuantizeLSTM x1\. .*op_types_to_quantize="):
         import_model(path)
