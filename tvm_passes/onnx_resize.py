@@ -6,11 +6,11 @@ them with the scale given (``x_in = (x_out + 0.5) / scale - 0.5`` for ``half_pix
 ``floor(in * scale)``: where ``in * scale`` is not whole (a 0.5 scale of 7 rows, a 1.5 scale of 7 columns) the two
 differ, and TVM's result was silently off -- by up to 2.9 on N(0, 1) inputs, in every coordinate mode but
 ``align_corners``, for nearest, linear and cubic resizes alike (of 88 cases probed against onnxruntime, 41 with such
-a scale were wrong; 16 more were refused: the half_pixel_symmetric mode, which stays refused, and the opset-18
-``axes`` and ``keep_aspect_ratio_policy``, computed here too). :func:`checked_resize` wraps TVM's
-converter: such a resize (or one with ``axes`` or an aspect-ratio policy) is computed here, axis by axis -- each output position's source rows (nearest: one,
-linear: two, cubic: four) gathered with constant indices and weighed with constant weights computed in numpy by
-ONNX's formulas -- and everything else is left to TVM.
+a scale were wrong; 16 more were refused: the opset-19 ``half_pixel_symmetric`` mode and the opset-18 ``axes`` and
+``keep_aspect_ratio_policy``, computed here too). :func:`checked_resize` wraps TVM's converter: such a resize (or
+one with ``axes``, an aspect-ratio policy or ``half_pixel_symmetric``) is computed here, axis by axis -- each output
+position's source rows (nearest: one, linear: two, cubic: four) gathered with constant indices and weighed with
+constant weights computed in numpy by ONNX's formulas -- and everything else is left to TVM.
 A shrinking resize with ``antialias=1`` (torch's ``interpolate(..., antialias=True)``), which TVM computes without
 its filter (a result 66% of its range from onnxruntime's), is refused with the fix.
 """
@@ -27,8 +27,9 @@ from tvm_passes.onnx_nodes import node_label as _where
 
 __all__ = ["checked_resize", "source_weights"]
 
-# coordinate modes computed here (half_pixel_symmetric, opset 19, is left to TVM, which refuses it)
-SCALED_MODES = frozenset({"half_pixel", "pytorch_half_pixel", "asymmetric", "tf_half_pixel_for_nn", "align_corners"})
+# coordinate modes computed here; TVM refuses half_pixel_symmetric (opset 19), so it is always computed here
+SCALED_MODES = frozenset({"half_pixel", "pytorch_half_pixel", "asymmetric", "tf_half_pixel_for_nn", "align_corners",
+                          "half_pixel_symmetric"})
 
 
 def _attr(attr: dict, name: str, default: Any) -> Any:
@@ -50,6 +51,10 @@ def source_coordinates(out_length: int, in_length: int, scale: float, mode: str)
         return (x + np.float32(0.5)) / scale
     if mode == "pytorch_half_pixel" and out_length == 1:
         return np.zeros(1, np.float32)
+    if mode == "half_pixel_symmetric":     # half_pixel, shifted so the whole output stays centred on the input
+        adjustment = np.float32(out_length) / (np.float32(in_length) * scale)
+        offset = np.float32(in_length) / np.float32(2) * (np.float32(1) - adjustment)
+        return offset + (x + np.float32(0.5)) / scale - np.float32(0.5)
     return (x + np.float32(0.5)) / scale - np.float32(0.5)
 
 
@@ -147,7 +152,8 @@ def _plan_tvm_gets_wrong(inputs: Sequence[Any], attr: dict, params: Any) -> list
             for axis, n, ratio in zip(axes, wanted, ratios):
                 plan[axis] = (float(ratio), n)
         wrong = False
-    return plan if wrong or "axes" in attr or policy != "stretch" else None
+    symmetric = _attr(attr, "coordinate_transformation_mode", "half_pixel") == "half_pixel_symmetric"
+    return plan if wrong or symmetric or "axes" in attr or policy != "stretch" else None
 
 
 def checked_resize(resize: type) -> type:

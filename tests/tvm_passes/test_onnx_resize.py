@@ -110,6 +110,18 @@ def test_torch_interpolate_with_a_scale_factor_compiles_and_matches_torch(tmp_pa
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("mode", ["nearest", "linear", "cubic"])
+@pytest.mark.parametrize("scales,sizes", [([1, 1, 2, 1.5], None), ([1, 1, 0.6, 0.5], None), (None, [1, 2, 8, 4])])
+def test_half_pixel_symmetric_matches_onnxruntime(mode, scales, sizes):
+    """The opset-19 coordinate mode TVM's converter refused: half_pixel shifted to keep the output centred."""
+    model = _resize_model(dict(mode=mode, coordinate_transformation_mode="half_pixel_symmetric"), scales=scales,
+                          sizes=sizes)
+    model.opset_import[0].version = 19
+    ours, theirs, _ = _ours_and_theirs(model)
+    assert ours.shape == theirs.shape
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("attrs,scales,sizes", [
     (dict(mode="linear", axes=[2, 3]), [2.0, 1.5], None),
     (dict(mode="nearest", axes=[-1]), [0.5], None),
