@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-import tvm
 from onnx import TensorProto, helper, numpy_helper
-from tvm import relax
 
 from hetpart.errors import UnsupportedOpError
+from tests.tvm_passes.onnx_numerics import assert_matches_onnxruntime, cpu_outputs, onnxruntime_outputs
 from tvm_passes.frontend import import_model
-from tvm_passes.schedules import cpu_pipeline, default_cpu_target
 
 pytestmark = pytest.mark.tvm
 
@@ -28,13 +25,7 @@ def _run(tmp_path, name: str, node: onnx.NodeProto, feeds: dict, extra_outputs: 
     path = tmp_path / f"{name}.onnx"
     graph = helper.make_graph([node], name, inputs, outputs)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10), str(path))
-    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
-    imported = import_model(path, input_shapes={k: v.shape for k, v in feeds.items()})
-    target = default_cpu_target()
-    vm = relax.VirtualMachine(tvm.compile(imported.mod, target=target, relax_pipeline=cpu_pipeline(target)),
-                              tvm.cpu())
-    got = vm["main"](*[tvm.runtime.tensor(feeds[p.name]) for p in imported.mod["main"].params])
-    got = [got.numpy()] if hasattr(got, "numpy") else [g.numpy() for g in got]
+    got, expected = cpu_outputs(path, feeds), onnxruntime_outputs(path, feeds)
     assert len(got) == len(expected)
     return got, expected
 
@@ -114,12 +105,7 @@ def test_contrib_attention_of_the_same_name_still_converts(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                       helper.make_opsetid("com.microsoft", 1)], ir_version=10),
               str(path))
-    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    imported = import_model(path)
-    target = default_cpu_target()
-    vm = relax.VirtualMachine(tvm.compile(imported.mod, target=target, relax_pipeline=cpu_pipeline(target)),
-                              tvm.cpu())
-    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)
+    assert_matches_onnxruntime(path, {"x": x})
 
 
 def test_external_cache_lengths_are_refused_naming_the_input(tmp_path):
@@ -148,9 +134,4 @@ def test_a_mask_shorter_than_the_keys_masks_the_rest_as_the_onnx_reference_does(
     path = tmp_path / "short.onnx"
     onnx.save(model, str(path))
     expected = ReferenceEvaluator(model).run(None, feeds)[0]
-    imported = import_model(path, input_shapes={n: t.shape for n, t in feeds.items()})
-    target = default_cpu_target()
-    vm = relax.VirtualMachine(tvm.compile(imported.mod, target=target, relax_pipeline=cpu_pipeline(target)),
-                              tvm.cpu())
-    got = vm["main"](*[tvm.runtime.tensor(feeds[p.name]) for p in imported.mod["main"].params]).numpy()
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(cpu_outputs(path, feeds)[0], expected, rtol=1e-4, atol=1e-5)

@@ -7,28 +7,16 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import tvm
 from onnx import TensorProto, helper, numpy_helper
-from tvm import relax
 
 from hetpart.errors import UnsupportedOpError
+from tests.tvm_passes.onnx_numerics import assert_matches_onnxruntime
 from tvm_passes.frontend import import_model
-from tvm_passes.schedules import cpu_pipeline, default_cpu_target
 
 pytestmark = pytest.mark.tvm
 
 F = TensorProto.FLOAT
 rng = np.random.default_rng(0)
-
-
-def _compare(path, feeds: dict) -> None:
-    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
-    imported = import_model(path, input_shapes={k: v.shape for k, v in feeds.items()})
-    target = default_cpu_target()
-    vm = relax.VirtualMachine(tvm.compile(imported.mod, target=target, relax_pipeline=cpu_pipeline(target)),
-                              tvm.cpu())
-    got = vm["main"](*[tvm.runtime.tensor(feeds[p.name]) for p in imported.mod["main"].params])
-    np.testing.assert_allclose(got.numpy(), expected[0], rtol=1e-4, atol=1e-5)
 
 
 def _save(tmp_path, name: str, nodes, inputs, inits) -> object:
@@ -59,7 +47,7 @@ def test_fused_conv_matches_onnxruntime(tmp_path, activation, values, with_sum):
         feeds["z"] = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
     inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
              numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")]
-    _compare(_save(tmp_path, f"fused_conv_{activation}", [node], value_infos, inits), feeds)
+    assert_matches_onnxruntime(_save(tmp_path, f"fused_conv_{activation}", [node], value_infos, inits), feeds)
 
 
 @pytest.mark.parametrize("activation", ["Relu", "LeakyRelu"])
@@ -69,8 +57,8 @@ def test_fused_gemm_matches_onnxruntime(tmp_path, activation):
                             activation_alpha=0.3, transB=1, alpha=0.7, beta=1.3)
     inits = [numpy_helper.from_array(rng.standard_normal((5, 6)).astype(np.float32), "w"),
              numpy_helper.from_array(rng.standard_normal(5).astype(np.float32), "c")]
-    _compare(_save(tmp_path, f"fused_gemm_{activation}", [node], [helper.make_tensor_value_info("x", F, [4, 6])],
-                   inits), {"x": x})
+    path = _save(tmp_path, f"fused_gemm_{activation}", [node], [helper.make_tensor_value_info("x", F, [4, 6])], inits)
+    assert_matches_onnxruntime(path, {"x": x})
 
 
 def test_unknown_activation_is_refused_naming_the_node(tmp_path):

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-import tvm
 from onnx import TensorProto, helper, numpy_helper
-from tvm import relax
 
 from hetpart.errors import UnsupportedOpError
+from tests.tvm_passes.onnx_numerics import assert_matches_onnxruntime
 from tvm_passes.frontend import import_model
-from tvm_passes.schedules import cpu_pipeline, default_cpu_target
 
 pytestmark = pytest.mark.tvm
 
@@ -35,19 +32,6 @@ def _model(tmp_path, name, node, feeds: dict, inits=()) -> object:
     return path
 
 
-def _compare(path, feeds: dict) -> None:
-    expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
-    imported = import_model(path, input_shapes={k: v.shape for k, v in feeds.items()})
-    target = default_cpu_target()
-    vm = relax.VirtualMachine(tvm.compile(imported.mod, target=target, relax_pipeline=cpu_pipeline(target)),
-                              tvm.cpu())
-    got = vm["main"](*[tvm.runtime.tensor(feeds[p.name]) for p in imported.mod["main"].params])
-    got = [got.numpy()] if hasattr(got, "numpy") else [g.numpy() for g in got]
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected):
-        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
-
-
 def _activations(length: int) -> np.ndarray:
     return rng.standard_normal((BATCH, length, HIDDEN)).astype(np.float32)
 
@@ -58,7 +42,7 @@ def test_cross_attention_with_projection_bias_and_key_lengths(tmp_path):
     node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "b", "lens"], ["y"], domain="com.microsoft",
                             num_heads=HEADS)
     bias = numpy_helper.from_array(rng.standard_normal(3 * HIDDEN).astype(np.float32), "b")
-    _compare(_model(tmp_path, "cross", node, feeds, [bias]), feeds)
+    assert_matches_onnxruntime(_model(tmp_path, "cross", node, feeds, [bias]), feeds)
 
 
 def test_key_mask_and_attention_bias_with_scale(tmp_path):
@@ -68,7 +52,7 @@ def test_key_mask_and_attention_bias_with_scale(tmp_path):
              "ab": rng.standard_normal((1, HEADS, SEQ, KV_SEQ)).astype(np.float32)}
     node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "m", "ab"], ["y"], domain="com.microsoft",
                             num_heads=HEADS, scale=0.2)
-    _compare(_model(tmp_path, "masked", node, feeds), feeds)
+    assert_matches_onnxruntime(_model(tmp_path, "masked", node, feeds), feeds)
 
 
 def test_causal_self_attention_with_a_past_cache_and_present_outputs(tmp_path):
@@ -77,14 +61,14 @@ def test_causal_self_attention_with_a_past_cache_and_present_outputs(tmp_path):
              "pv": rng.standard_normal((BATCH, HEADS, 3, SIZE)).astype(np.float32)}
     node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "", "", "", "pk", "pv"], ["y", "present_k",
                             "present_v"], domain="com.microsoft", num_heads=HEADS, unidirectional=1)
-    _compare(_model(tmp_path, "causal_past", node, feeds), feeds)
+    assert_matches_onnxruntime(_model(tmp_path, "causal_past", node, feeds), feeds)
 
 
 def test_keys_and_values_already_split_into_heads(tmp_path):
     feeds = {"q": _activations(SEQ), "k": rng.standard_normal((BATCH, HEADS, KV_SEQ, SIZE)).astype(np.float32),
              "v": rng.standard_normal((BATCH, HEADS, KV_SEQ, SIZE)).astype(np.float32)}
     node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], domain="com.microsoft", num_heads=HEADS)
-    _compare(_model(tmp_path, "bnsh", node, feeds), feeds)
+    assert_matches_onnxruntime(_model(tmp_path, "bnsh", node, feeds), feeds)
 
 
 def test_packed_qkv_is_refused_naming_the_form(tmp_path):

@@ -110,7 +110,7 @@ def test_an_unconverted_quantized_op_gets_the_qdq_route(tmp_path):
 
 def test_matmul_integer_to_float_matches_onnxruntime(tmp_path):
     """onnxruntime's MatMulIntegerToFloat: per-column weight scales and zero points, and a bias."""
-    from tests.tvm_passes.test_onnx_fused import _compare
+    from tests.tvm_passes.onnx_numerics import assert_matches_onnxruntime
 
     rng = np.random.default_rng(3)
     a = rng.integers(0, 255, (3, 6)).astype(np.uint8)
@@ -128,7 +128,7 @@ def test_matmul_integer_to_float_matches_onnxruntime(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                       helper.make_opsetid("com.microsoft", 1)], ir_version=10),
               str(path))
-    _compare(path, {"a": a})
+    assert_matches_onnxruntime(path, {"a": a})
 
 
 def test_dynamically_quantized_recurrent_layers_are_refused_with_the_fix(tmp_path):
