@@ -5,7 +5,8 @@
 ``CenterCropPad`` (:mod:`tvm_passes.onnx_center_crop_pad`); the quantized ops of :mod:`tvm_passes.onnx_quantized`
 and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib` (``Attention``, the ONNX op and
 the contrib op of that name: :mod:`tvm_passes.onnx_attention`; ``MultiHeadAttention``:
-:mod:`tvm_passes.onnx_multihead`; ``FusedConv`` and ``FusedGemm``: :mod:`tvm_passes.onnx_fused`). TVM's
+:mod:`tvm_passes.onnx_multihead`; ``RotaryEmbedding``, both ops: :mod:`tvm_passes.onnx_rotary`; ``FusedConv`` and
+``FusedGemm``: :mod:`tvm_passes.onnx_fused`). TVM's
 ``Resize`` is wrapped by :mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling` and (like
 ``ConvTranspose``) by :mod:`tvm_passes.onnx_padding`, ``LayerNormalization`` by :mod:`tvm_passes.onnx_normalization`.
 
@@ -42,6 +43,7 @@ from tvm_passes.onnx_padding import conv_transpose_with_output_shape, pool_with_
 from tvm_passes.onnx_resize import checked_resize
 from tvm_passes.onnx_pooling import max_pool_with_indices
 from tvm_passes.onnx_quantized import CONTRIB_OP_TYPES, QUANTIZED_CONVERTERS
+from tvm_passes.onnx_rotary import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 
@@ -340,7 +342,7 @@ def _pow_of_any_exponent_type(pow_converter: type) -> type:
 
 _CONVERTERS = {"STFT": Stft, "DFT": Dft, "ReverseSequence": ReverseSequence, "Celu": Celu,
                "LpNormalization": LpNormalization, "Col2Im": Col2Im, "Det": Det, "CenterCropPad": CenterCropPad,
-               "MultiHeadAttention": MultiHeadAttention, **QUANTIZED_CONVERTERS}
+               "MultiHeadAttention": MultiHeadAttention, "RotaryEmbedding": RotaryEmbedding, **QUANTIZED_CONVERTERS}
 CONVERTED_OP_TYPES: Sequence[str] = (*_CONVERTERS, *CONTRIB_CONVERTERS)
 
 
