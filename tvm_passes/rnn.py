@@ -236,8 +236,9 @@ def _step_rows(emit: Emitter, proj: relax.Expr, time_axis: int) -> list[relax.Ex
 
 def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnImportOptions,
                    x_slices: InputSlices):
-    """Unroll one direction; returns (Y of this direction without the direction axis, final h, final c, the h of
-    every time position)."""
+    """Unroll one direction; returns (Y of this direction without the direction axis, final h, final c, the output
+    of every time position -- zeroed past each length in the per-slice projection only, where the next layer reads
+    them)."""
     emit.direction, emit.step = d, "in"
     weights, proj_bias = cell_weights(emit, spec.op_type, spec.hidden, spec.linear_before_reset, inputs, d)
     per_slice = options.input_projection == "per_slice"
@@ -289,7 +290,7 @@ def _run_direction(emit: Emitter, spec: _RnnSpec, inputs, d: int, options: RnnIm
             # the next layer's slices read the per-step outputs (rnn_slices.StepSequence): each masked by its step
             outputs[time] = emit(relax.op.where(valid("valid_y"), h, relax.const(0, spec.dtype)), "y_masked")
         else:
-            outputs[time] = h          # zeroed past each entry's length by the output stack (_mask_stacked_steps)
+            outputs[time] = h          # zeroed past each entry's length once, on the stack (_mask_past_lengths)
     emit.step = "out"
     if lens is not None and spec.lens_may_be_zero:     # onnxruntime: the states of an empty sequence are zero
         started = emit(relax.op.greater(lens, relax.const(0, "int32")), "started")
