@@ -6,8 +6,9 @@ models carry once onnxruntime's transformer optimizer has fused them, where TVM 
   ``[batch, seq]`` or ``[batch, seq, seq]``, ``unidirectional``, ``qkv_hidden_sizes``, ``scale`` and
   ``mask_filter_value``; a past state is refused;
 - ``SkipLayerNormalization`` (replaces TVM's, which requires the optional beta and bias and lacks the sum output);
-- ``QuickGelu``, ``BiasAdd``, ``FusedMatMul`` (``transA``/``transB``/``alpha``), and the RMS norms
-  ``SimplifiedLayerNormalization`` and ``SkipSimplifiedLayerNormalization``.
+- ``QuickGelu`` (and the ONNX ``Swish`` of opset 24, the same function), ``BiasAdd``, ``FusedMatMul``
+  (``transA``/``transB``/``alpha``), and the RMS norms ``SimplifiedLayerNormalization`` and
+  ``SkipSimplifiedLayerNormalization``.
 
 Registered by :func:`tvm_passes.onnx_converters.install_onnx_converters`; tests against onnxruntime in
 ``tests/tvm_passes/test_onnx_contrib.py``.
@@ -87,11 +88,19 @@ class Attention(_onnx_frontend.OnnxOpConverter):
 class QuickGelu(_onnx_frontend.OnnxOpConverter):
     """com.microsoft QuickGelu: x * sigmoid(alpha * x)."""
 
+    default_alpha = 1.702
+
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, params):
         x = inputs[0]
-        alpha = relax.const(float(attr.get("alpha", 1.702)), str(x.ty.dtype))
+        alpha = relax.const(float(attr.get("alpha", cls.default_alpha)), str(x.ty.dtype))
         return bb.emit(relax.op.multiply(x, bb.emit(relax.op.sigmoid(bb.emit(relax.op.multiply(x, alpha))))))
+
+
+class Swish(QuickGelu):
+    """ONNX Swish (opset 24): QuickGelu's x * sigmoid(alpha * x), alpha 1 by default."""
+
+    default_alpha = 1.0
 
 
 class BiasAdd(_onnx_frontend.OnnxOpConverter):
@@ -175,7 +184,7 @@ class SkipLayerNormalization(_onnx_frontend.OnnxOpConverter):
 
 
 CONTRIB_CONVERTERS = {"Attention": Attention, "SkipLayerNormalization": SkipLayerNormalization, "QuickGelu": QuickGelu,
-                      "BiasAdd": BiasAdd, "FusedMatMul": FusedMatMul,
+                      "Swish": Swish, "BiasAdd": BiasAdd, "FusedMatMul": FusedMatMul,
                       "SimplifiedLayerNormalization": SimplifiedLayerNormalization,
                       "SkipSimplifiedLayerNormalization": SkipSimplifiedLayerNormalization}
 OVERRIDDEN_OP_TYPES = ("Attention", "SkipLayerNormalization")      # TVM has converters for these; ours replace them

@@ -501,7 +501,8 @@ def _build_attribute_forms() -> None:
 
 
 def _build_statistics_and_new_converters() -> None:
-    """LayerNormalization's Mean/InvStdDev (TVM returned scalar zeros), Det and CenterCropPad (no TVM converter)."""
+    """LayerNormalization's Mean/InvStdDev (TVM returned scalar zeros), Det, Swish and CenterCropPad (no TVM
+    converter)."""
     rng = np.random.default_rng(2)
     vi = lambda n, s, d=F: helper.make_tensor_value_info(n, d, s)  # noqa: E731
     N = helper.make_node  # noqa: N806
@@ -537,6 +538,9 @@ def _build_statistics_and_new_converters() -> None:
                                      dtype=np.float32), singular, np.zeros((4, 4), np.float32)]))):
         _case(name, [N("Det", ["a"], ["d"])], [vi("a", list(matrices.shape))], [vi("d", None)], opset=17,
               feeds={"a": matrices})
+    for name, attrs in (("swish_default_alpha", {}), ("swish_alpha", {"alpha": 1.5})):      # opset 24
+        _case(name, [N("Swish", ["x"], ["y"], **attrs)], [vi("x", [2, 3, 8])], [vi("y", None)], opset=24,
+              feeds={"x": x})
     image = rng.standard_normal((3, 10, 7)).astype(np.float32)
     _case("center_crop_pad_all_axes", [N("CenterCropPad", ["x", "s"], ["y"])], [vi("x", [3, 10, 7])], [vi("y", None)],
           [C("s", np.array([3, 5, 12], np.int64))], feeds={"x": image})
