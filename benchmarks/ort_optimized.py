@@ -48,31 +48,26 @@ def optimized(source: Path, level: str, work: Path) -> tuple[Path, dict[str, int
 
 
 def check(saved: Path) -> dict:
-    """Compile ``saved`` for cpu+gpu and compare one inference with onnxruntime's on the same file."""
-    import onnxruntime as ort
-
+    """Compile ``saved`` for cpu+gpu and compare one inference with onnxruntime's on the same file (the inputs
+    sampled as ``hetpart run`` samples them: token ids within their table)."""
     import hetpart
+    from hetpart.driver.check import onnxruntime_reference, sample_inputs
 
-    session = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for spec in session.get_inputs():
-        shape = [d if isinstance(d, int) else 1 for d in spec.shape]
-        feeds[spec.name] = (rng.integers(0, 100, shape).astype(np.int64) if "int64" in spec.type
-                            else rng.standard_normal(shape).astype(np.float32))
-    reference = session.run(None, feeds)
     started = time.perf_counter()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             compiled = hetpart.compile(str(saved), devices="cpu,gpu=p2200")
+        compile_s = time.perf_counter() - started
+        feeds = sample_inputs(compiled.build.manifest.inputs, compiled.op_graph)
         ours = compiled(**feeds)
     except Exception as exc:  # noqa: BLE001 (what a user would see, recorded per model)
         return {"status": "refused" if type(exc).__name__ == "UnsupportedOpError" else "failed",
                 "error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:600]}"}
+    reference = onnxruntime_reference(saved, feeds)
     difference = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)) for a, b in zip(ours, reference))
     return {"status": "matches" if difference < REL_TOLERANCE else "differs", "relative_difference": difference,
-            "compile_s": time.perf_counter() - started}
+            "compile_s": compile_s}
 
 
 def markdown(result: dict) -> str:
