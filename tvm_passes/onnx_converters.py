@@ -5,7 +5,8 @@
 ``CenterCropPad`` (:mod:`tvm_passes.onnx_center_crop_pad`); the quantized ops of :mod:`tvm_passes.onnx_quantized`
 and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib` (``Attention``, the ONNX op and
 the contrib op of that name: :mod:`tvm_passes.onnx_attention`; ``MultiHeadAttention``:
-:mod:`tvm_passes.onnx_multihead`; ``RotaryEmbedding``, both ops: :mod:`tvm_passes.onnx_rotary`; ``FusedConv`` and
+:mod:`tvm_passes.onnx_multihead`; ``GroupQueryAttention``: :mod:`tvm_passes.onnx_group_query`;
+``RotaryEmbedding``, both ops: :mod:`tvm_passes.onnx_rotary`; ``FusedConv`` and
 ``FusedGemm``: :mod:`tvm_passes.onnx_fused`). TVM's
 ``Resize`` is wrapped by :mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling` and (like
 ``ConvTranspose``) by :mod:`tvm_passes.onnx_padding`, ``LayerNormalization`` by :mod:`tvm_passes.onnx_normalization`.
@@ -35,6 +36,7 @@ from tvm_passes.onnx_center_crop_pad import CenterCropPad
 from tvm_passes.onnx_contrib import CONTRIB_CONVERTERS, OVERRIDDEN_OP_TYPES
 from tvm_passes.onnx_det import Det
 from tvm_passes.onnx_fused import fused_conv, fused_gemm
+from tvm_passes.onnx_group_query import GroupQueryAttention
 from tvm_passes.onnx_multihead import MultiHeadAttention
 from tvm_passes.onnx_nodes import constant_value, wrap_convert_map, wrap_impls
 from tvm_passes.onnx_nodes import node_label as _where
@@ -342,7 +344,8 @@ def _pow_of_any_exponent_type(pow_converter: type) -> type:
 
 _CONVERTERS = {"STFT": Stft, "DFT": Dft, "ReverseSequence": ReverseSequence, "Celu": Celu,
                "LpNormalization": LpNormalization, "Col2Im": Col2Im, "Det": Det, "CenterCropPad": CenterCropPad,
-               "MultiHeadAttention": MultiHeadAttention, "RotaryEmbedding": RotaryEmbedding, **QUANTIZED_CONVERTERS}
+               "MultiHeadAttention": MultiHeadAttention, "GroupQueryAttention": GroupQueryAttention,
+               "RotaryEmbedding": RotaryEmbedding, **QUANTIZED_CONVERTERS}
 CONVERTED_OP_TYPES: Sequence[str] = (*_CONVERTERS, *CONTRIB_CONVERTERS)
 
 

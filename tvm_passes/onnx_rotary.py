@@ -19,7 +19,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 from hetpart.errors import UnsupportedOpError
 from tvm_passes.onnx_nodes import node_label
 
-__all__ = ["RotaryEmbedding"]
+__all__ = ["RotaryEmbedding", "rotate"]
 
 
 def _dims(expr: relax.Expr) -> list[int]:
@@ -41,11 +41,13 @@ class RotaryEmbedding(_onnx_frontend.OnnxOpConverter):
             x, positions, cos, sin = inputs[0], inputs[1], inputs[2], inputs[3]
         else:
             x, cos, sin, positions = inputs[0], inputs[1], inputs[2], inputs[3]
-        return _rotate(bb, x, cos, sin, positions, attr, where)
+        return rotate(bb, x, cos, sin, positions, attr, where)
 
 
-def _rotate(bb: relax.BlockBuilder, x: relax.Expr, cos: relax.Expr, sin: relax.Expr, positions: relax.Expr | None,
-            attr: dict, where: str) -> relax.Expr:
+def rotate(bb: relax.BlockBuilder, x: relax.Expr, cos: relax.Expr, sin: relax.Expr, positions: relax.Expr | None,
+           attr: dict, where: str) -> relax.Expr:
+    """``x`` rotated by the angles of ``positions`` (attributes ``num_heads`` for a 3-D ``x``,
+    ``rotary_embedding_dim``, ``interleaved``); also the rotary step of :mod:`tvm_passes.onnx_group_query`."""
     rank = x.ty.ndim
     dims = _dims(x)
     if rank == 4:                                             # [batch, heads, seq, size] -> [batch, seq, heads, size]
