@@ -49,9 +49,10 @@ def _num(value: Any, digits: int = 3) -> str:
 def logged_runs(paths: list[Path]) -> list[dict[str, Any]]:
     runs = []
     for path in paths:
-        text = re.sub(r"\s+", " ", path.read_text())
-        for match in re.finditer(r"profile summary: (\{.*?\}) (?:\[|$)", text + " ["):
-            summary = json.loads(match.group(1))
+        text = re.sub(r"\s+", " ", path.read_text())       # rich wraps long log lines
+        for match in re.finditer(r"profile summary: (?=\{)", text):
+            # the object ends where JSON says, not at the next brace: other log lines may follow it on the line
+            summary, _ = json.JSONDecoder().raw_decode(text, match.end())
             runs.append({"source": str(path), "elapsed_s": summary["elapsed_s"], "summary": summary})
     return runs
 
