@@ -226,10 +226,6 @@ def _check_onnx_ops_supported(model, path: Path, slim: Callable[[Any], Any]) -> 
         if any("QLinear" in op or op.endswith(("QuantizeLinear", "Integer")) for op in missing):
             fix = ("Quantize the float model in QDQ format instead (onnxruntime.quantization.quantize_static(..., "
                    "quant_format=QuantFormat.QDQ)), which hetpart imports")
-        if any(op.startswith("com.microsoft.DynamicQuantize") and op.endswith(("LSTM", "GRU")) for op in missing):
-            fix = ("onnxruntime's dynamic quantization wrote its integer recurrent ops; quantize without them "
-                   "(quantize_dynamic(..., op_types_to_quantize=['MatMul', 'Gemm', 'Conv'])) and hetpart imports "
-                   "the model, its LSTM/GRU layers in float")
         if any(op.startswith("com.microsoft.nchwc.") for op in missing):
             fix = ("These are onnxruntime's NCHWc layout ops, which it saves at ORT_ENABLE_ALL for the machine it ran "
                    "on: give hetpart the original model, or one saved at ORT_ENABLE_EXTENDED")

@@ -6,7 +6,8 @@
 and onnxruntime's transformer contrib ops of :mod:`tvm_passes.onnx_contrib` (``Attention``, the ONNX op and
 the contrib op of that name: :mod:`tvm_passes.onnx_attention`; ``MultiHeadAttention``:
 :mod:`tvm_passes.onnx_multihead`; ``GroupQueryAttention``: :mod:`tvm_passes.onnx_group_query`;
-``RotaryEmbedding``, both ops: :mod:`tvm_passes.onnx_rotary`; ``FusedConv`` and
+``RotaryEmbedding``, both ops: :mod:`tvm_passes.onnx_rotary`; ``DynamicQuantizeLSTM``:
+:mod:`tvm_passes.rnn_quantized`; ``FusedConv`` and
 ``FusedGemm``: :mod:`tvm_passes.onnx_fused`). TVM's
 ``Resize`` is wrapped by :mod:`tvm_passes.onnx_resize`, ``MaxPool`` by :mod:`tvm_passes.onnx_pooling` and (like
 ``ConvTranspose``) by :mod:`tvm_passes.onnx_padding`, ``LayerNormalization`` by :mod:`tvm_passes.onnx_normalization`.
@@ -46,6 +47,7 @@ from tvm_passes.onnx_resize import checked_resize
 from tvm_passes.onnx_pooling import max_pool_with_indices
 from tvm_passes.onnx_quantized import CONTRIB_OP_TYPES, QUANTIZED_CONVERTERS
 from tvm_passes.onnx_rotary import RotaryEmbedding
+from tvm_passes.rnn_quantized import DynamicQuantizeLSTM
 
 logger = logging.getLogger(__name__)
 
@@ -345,7 +347,8 @@ def _pow_of_any_exponent_type(pow_converter: type) -> type:
 _CONVERTERS = {"STFT": Stft, "DFT": Dft, "ReverseSequence": ReverseSequence, "Celu": Celu,
                "LpNormalization": LpNormalization, "Col2Im": Col2Im, "Det": Det, "CenterCropPad": CenterCropPad,
                "MultiHeadAttention": MultiHeadAttention, "GroupQueryAttention": GroupQueryAttention,
-               "RotaryEmbedding": RotaryEmbedding, **QUANTIZED_CONVERTERS}
+               "RotaryEmbedding": RotaryEmbedding, "DynamicQuantizeLSTM": DynamicQuantizeLSTM,
+               **QUANTIZED_CONVERTERS}
 CONVERTED_OP_TYPES: Sequence[str] = (*_CONVERTERS, *CONTRIB_CONVERTERS)
 
 

@@ -68,8 +68,8 @@ from tvm_passes.rnn_slices import (InputSlices, RnnImportOptions, StepSequence, 
 logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_ACTIVATIONS", "GATE_COUNT", "RNN_OP_TYPES", "RnnImportOptions", "attribute_problems",
-           "find_unsupported_rnn_nodes", "install_onnx_rnn_converters", "parse_rnn_tag", "rnn_import_options",
-           "rnn_tag_name"]
+           "convert_recurrent", "find_unsupported_rnn_nodes", "install_onnx_rnn_converters", "parse_rnn_tag",
+           "rnn_import_options", "rnn_tag_name"]
 
 RNN_OP_TYPES = ("LSTM", "GRU", "RNN")
 _DIRECTIONS = ("forward", "reverse", "bidirectional")
@@ -321,7 +321,8 @@ def _next_layer(bb: relax.BlockBuilder) -> int:
     return layer
 
 
-def _convert(op_type: str, bb: relax.BlockBuilder, inputs, attrs: dict, params) -> relax.Tuple:
+def convert_recurrent(op_type: str, bb: relax.BlockBuilder, inputs, attrs: dict, params) -> relax.Tuple:
+    """One ONNX ``op_type`` (LSTM, GRU or RNN) node's inputs unrolled per time step: (Y, Y_h[, Y_c])."""
     spec = _parse_spec(op_type, inputs, attrs, params)
     options = current_options()
     emit = Emitter(bb, _next_layer(bb))
@@ -352,7 +353,7 @@ def _convert(op_type: str, bb: relax.BlockBuilder, inputs, attrs: dict, params) 
 
 def _make_converter(op_type: str) -> type:
     def impl(cls, bb, inputs, attr, params):
-        return _convert(op_type, bb, inputs, attr, params)
+        return convert_recurrent(op_type, bb, inputs, attr, params)
 
     # _impl_v7 serves every opset >= 7 (the importer picks the largest version <= the model's opset).
     return type(op_type, (_onnx_frontend.OnnxOpConverter,), {"_impl_v7": classmethod(impl),

@@ -129,17 +129,3 @@ def test_matmul_integer_to_float_matches_onnxruntime(tmp_path):
                                                       helper.make_opsetid("com.microsoft", 1)], ir_version=10),
               str(path))
     assert_matches_onnxruntime(path, {"a": a})
-
-
-def test_dynamically_quantized_recurrent_layers_are_refused_with_the_fix(tmp_path):
-    from hetpart.errors import UnsupportedOpError
-    from tests.tvm_passes.rnn_models import build_rnn_model
-    from tvm_passes.frontend import import_model
-
-    model, _ = build_rnn_model("LSTM", seq=4, batch=1, input_size=8, hidden=16)
-    source, path = tmp_path / "lstm.onnx", tmp_path / "lstm_dynamic.onnx"
-    onnx.save(model, str(source))
-    quantization.quantize_dynamic(str(source), str(path), weight_type=quantization.QuantType.QInt8)
-    assert "DynamicQuantizeLSTM" in {n.op_type for n in onnx.load(str(path)).graph.node}
-    with pytest.raises(UnsupportedOpError, match=r"DynamicQuantizeLSTM x1\. .*op_types_to_quantize="):
-        import_model(path)
