@@ -114,9 +114,10 @@ class Attended(NamedTuple):
 
 def attend(bb: relax.BlockBuilder, q: relax.Expr, k: relax.Expr, v: relax.Expr, scale: float,
            bias: relax.Expr | None, guard_empty_rows: bool, softcap: float = 0.0,
-           softmax_dtype: str | None = None) -> Attended:
+           softmax_dtype: str | None = None, sink: relax.Expr | None = None) -> Attended:
     """softmax(scale * Q K^T (soft-capped) + bias) V over [batch, heads, seq, size] operands. ``guard_empty_rows``:
-    a row whose every score is masked (the lowest finite value or -inf) gives zeros, not NaN."""
+    a row whose every score is masked (the lowest finite value or -inf) gives zeros, not NaN. ``sink``
+    ([1, heads, 1, 1]): one more logit per head in every row's denominator (smooth softmax, attention sinks)."""
     dtype = str(q.ty.dtype)
     scores = bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2]))))
     scores = bb.emit(relax.op.multiply(scores, relax.const(scale, dtype)))
@@ -130,7 +131,14 @@ def attend(bb: relax.BlockBuilder, q: relax.Expr, k: relax.Expr, v: relax.Expr, 
     soft_dtype = softmax_dtype or dtype
     if soft_dtype != dtype:
         scores = bb.emit(relax.op.astype(scores, soft_dtype))
-    if guard_empty_rows:
+    if sink is not None:
+        sink = sink if str(sink.ty.dtype) == soft_dtype else bb.emit(relax.op.astype(sink, soft_dtype))
+        top = bb.emit(relax.op.maximum(bb.emit(relax.op.max(scores, axis=-1, keepdims=True)), sink))
+        weights = bb.emit(relax.op.exp(bb.emit(relax.op.subtract(scores, top))))
+        denominator = bb.emit(relax.op.add(bb.emit(relax.op.sum(weights, axis=-1, keepdims=True)),
+                                           bb.emit(relax.op.exp(bb.emit(relax.op.subtract(sink, top))))))
+        probs = bb.emit(relax.op.divide(weights, denominator))
+    elif guard_empty_rows:
         # a fully masked row holds the lowest finite value (or -inf) only: its maximum is the lowest
         lowest = relax.const(_LOWEST.get(soft_dtype, _LOWEST["float32"]), soft_dtype)
         dead = bb.emit(relax.op.less_equal(bb.emit(relax.op.max(scores, axis=-1, keepdims=True)), lowest))

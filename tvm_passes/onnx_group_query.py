@@ -115,12 +115,12 @@ class GroupQueryAttention(_onnx_frontend.OnnxOpConverter):
             bias = bb.emit(relax.op.add(bias, bb.emit(relax.op.astype(attention_bias, dtype))))
         scale = float(attr.get("scale", 0.0)) or 1.0 / math.sqrt(size)
         softcap = float(attr.get("softcap", 0.0))
-        if head_sink is not None or int(attr.get("smooth_softmax", 0)):
-            sink = (relax.const(np.zeros((1, heads, 1, 1), dtype), dtype) if head_sink is None else
-                    bb.emit(relax.op.reshape(bb.emit(relax.op.astype(head_sink, dtype)), [1, heads, 1, 1])))
-            y = _attend_with_sink(bb, q, k, v, scale, softcap, bias, sink)
-        else:
-            y = attend(bb, q, k, v, scale, bias, guard_empty_rows=False, softcap=softcap).y
+        sink = None                                           # a head sink, or smooth softmax's zero logit
+        if head_sink is not None:
+            sink = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(head_sink, dtype)), [1, heads, 1, 1]))
+        elif int(attr.get("smooth_softmax", 0)):
+            sink = relax.const(np.zeros((1, heads, 1, 1), dtype), dtype)
+        y = attend(bb, q, k, v, scale, bias, guard_empty_rows=False, softcap=softcap, sink=sink).y
         y = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3])), [batch, length, heads * size]))
         count = int(attr.get("tvm_custom", {}).get("num_outputs", 1))
         return y if count == 1 else relax.Tuple([y, present_key, present_value][:count])
@@ -194,19 +194,3 @@ def _causal_bias(bb: relax.BlockBuilder, past_lengths: relax.Expr, batch: int, l
         allowed = bb.emit(relax.op.logical_and(allowed, recent))
     return bb.emit(relax.op.where(allowed, relax.const(0.0, dtype), relax.const(masked, dtype)))
 
-
-def _attend_with_sink(bb: relax.BlockBuilder, q: relax.Expr, k: relax.Expr, v: relax.Expr, scale: float,
-                      softcap: float, bias: relax.Expr, sink: relax.Expr) -> relax.Expr:
-    """softmax with one extra logit per head (``sink``, [1, heads, 1, 1]) in every row's denominator, then V."""
-    dtype = str(q.ty.dtype)
-    scores = bb.emit(relax.op.multiply(bb.emit(relax.op.matmul(q, bb.emit(relax.op.permute_dims(k, [0, 1, 3, 2])))),
-                                       relax.const(scale, dtype)))
-    if softcap > 0:
-        cap = relax.const(softcap, dtype)
-        scores = bb.emit(relax.op.multiply(bb.emit(relax.op.tanh(bb.emit(relax.op.divide(scores, cap)))), cap))
-    scores = bb.emit(relax.op.add(scores, bias))
-    top = bb.emit(relax.op.maximum(bb.emit(relax.op.max(scores, axis=-1, keepdims=True)), sink))
-    weights = bb.emit(relax.op.exp(bb.emit(relax.op.subtract(scores, top))))
-    denominator = bb.emit(relax.op.add(bb.emit(relax.op.sum(weights, axis=-1, keepdims=True)),
-                                       bb.emit(relax.op.exp(bb.emit(relax.op.subtract(sink, top))))))
-    return bb.emit(relax.op.matmul(bb.emit(relax.op.divide(weights, denominator)), v))
