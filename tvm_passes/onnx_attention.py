@@ -25,16 +25,12 @@ from tvm import relax
 
 from hetpart.errors import UnsupportedOpError
 from tvm_passes.onnx_contrib import Attention as ContribAttention
-from tvm_passes.onnx_nodes import node_label
+from tvm_passes.onnx_nodes import node_label, static_dims
 
 __all__ = ["Attended", "Attention", "attend", "heads_first"]
 
 _ONNX_FLOAT_TYPES = {1: "float32", 10: "float16", 11: "float64", 16: "bfloat16"}
 _LOWEST = {name: float(np.finfo(name).min) for name in ("float16", "float32", "float64")}   # bfloat16: float32's
-
-
-def _dims(expr: relax.Expr) -> list[int]:
-    return [int(d) for d in expr.ty.shape.values]
 
 
 class Attention(ContribAttention):
@@ -71,12 +67,12 @@ def _standard_attention(bb: relax.BlockBuilder, inputs: list, attr: dict) -> rel
         raise UnsupportedOpError(f"{where}: Q, K and V must be 3-D or 4-D; found rank {rank}")
     past_length = 0
     if past_key is not None:
-        past_length = _dims(past_key)[2]
+        past_length = static_dims(past_key)[2]
         k = bb.emit(relax.op.concat([past_key, k], axis=2))
         v = bb.emit(relax.op.concat([past_value, v], axis=2))
     present_key, present_value = k, v
-    batch, q_heads, q_length, head_size = _dims(q)
-    kv_heads, kv_length = _dims(k)[1], _dims(k)[2]
+    batch, q_heads, q_length, head_size = static_dims(q)
+    kv_heads, kv_length = static_dims(k)[1], static_dims(k)[2]
     if q_heads != kv_heads:
         if q_heads % kv_heads:
             raise UnsupportedOpError(f"{where}: the query heads ({q_heads}) must be a multiple of the key/value "
@@ -94,7 +90,7 @@ def _standard_attention(bb: relax.BlockBuilder, inputs: list, attr: dict) -> rel
     y = attended.y
     if rank == 3:
         y = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3])),
-                                     [batch, q_length, q_heads * _dims(v)[3]]))
+                                     [batch, q_length, q_heads * static_dims(v)[3]]))
     outputs = [y, present_key, present_value]
     count = int(attr.get("tvm_custom", {}).get("num_outputs", 1))
     if count > 3:
@@ -154,7 +150,7 @@ def attend(bb: relax.BlockBuilder, q: relax.Expr, k: relax.Expr, v: relax.Expr, 
 
 def heads_first(bb: relax.BlockBuilder, x: relax.Expr, heads: int) -> relax.Expr:
     """[batch, seq, heads * size] -> [batch, heads, seq, size]."""
-    batch, length, hidden = _dims(x)
+    batch, length, hidden = static_dims(x)
     return bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(x, [batch, length, heads, hidden // heads])),
                                          [0, 2, 1, 3]))
 
@@ -170,7 +166,7 @@ def _bias(bb: relax.BlockBuilder, mask: relax.Expr | None, causal: int, q_length
             mask = bb.emit(relax.op.where(mask, relax.const(0.0, dtype), relax.const(masked, dtype)))
         elif str(mask.ty.dtype) != dtype:
             mask = bb.emit(relax.op.astype(mask, dtype))
-        short = kv_length - _dims(mask)[-1]
+        short = kv_length - static_dims(mask)[-1]
         if short > 0:
             widths = [0, 0] * (mask.ty.ndim - 1) + [0, short]
             mask = bb.emit(relax.op.nn.pad(mask, widths, pad_mode="constant", pad_value=masked))

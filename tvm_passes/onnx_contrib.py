@@ -23,12 +23,9 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
 from tvm_passes.onnx_nodes import node_label as _where
+from tvm_passes.onnx_nodes import static_dims
 
 __all__ = ["CONTRIB_CONVERTERS", "OVERRIDDEN_OP_TYPES"]
-
-
-def _dims(expr: relax.Expr) -> list[int]:
-    return [int(d) for d in expr.ty.shape.values]
 
 
 class Attention(_onnx_frontend.OnnxOpConverter):
@@ -42,9 +39,9 @@ class Attention(_onnx_frontend.OnnxOpConverter):
                                      "export the model without it")
         x, weight, bias, mask = inputs[0], inputs[1], inputs[2], inputs[3]
         extra_bias = inputs[5]                                       # attention_bias
-        batch, seq, _ = _dims(x)
+        batch, seq, _ = static_dims(x)
         heads = int(attr["num_heads"])
-        sizes = [int(s) for s in attr.get("qkv_hidden_sizes", [])] or [_dims(weight)[1] // 3] * 3
+        sizes = [int(s) for s in attr.get("qkv_hidden_sizes", [])] or [static_dims(weight)[1] // 3] * 3
         dtype = str(x.ty.dtype)
         qkv = bb.emit(relax.op.matmul(x, weight))
         if bias is not None:
@@ -69,7 +66,7 @@ class Attention(_onnx_frontend.OnnxOpConverter):
     def _mask_bias(bb, mask, batch, seq, dtype, filter_value, where):
         """The additive logits bias [batch, 1, seq or 1, seq] of a mask_index: 0 where a key counts, the filter
         value where it is masked."""
-        dims = _dims(mask)
+        dims = static_dims(mask)
         keys = relax.const(np.arange(seq).reshape(1, seq), "int32")
         if dims == [batch]:                                            # valid lengths, right padding
             lens = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(mask, "int32")), [batch, 1]))
@@ -176,7 +173,7 @@ class SkipLayerNormalization(_onnx_frontend.OnnxOpConverter):
         if inputs[4] is not None:
             total = bb.emit(relax.op.add(total, inputs[4]))
         dtype = str(total.ty.dtype)
-        beta = inputs[3] if inputs[3] is not None else relax.const(np.zeros(_dims(inputs[2]), dtype))
+        beta = inputs[3] if inputs[3] is not None else relax.const(np.zeros(static_dims(inputs[2]), dtype))
         y = bb.emit(relax.op.nn.layer_norm(total, inputs[2], beta, axes=[-1],
                                            epsilon=float(attr.get("epsilon", 1e-12))))
         empty = relax.const(0.0, dtype)

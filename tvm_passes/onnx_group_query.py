@@ -38,7 +38,7 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
 from tvm_passes.onnx_attention import attend, heads_first
-from tvm_passes.onnx_nodes import constant_value, node_label
+from tvm_passes.onnx_nodes import constant_value, node_label, static_dims
 from tvm_passes.onnx_rotary import rotate
 
 __all__ = ["GroupQueryAttention"]
@@ -46,10 +46,6 @@ __all__ = ["GroupQueryAttention"]
 _LOWEST = {name: float(np.finfo(name).min) for name in ("float16", "float32", "float64")}
 # inputs beyond the nine of the first schema, by index: refused when given
 _REFUSED_INPUTS = {12: "k_scale", 13: "v_scale", 14: "q_norm_weight", 15: "k_norm_weight"}
-
-
-def _dims(expr: relax.Expr) -> list[int]:
-    return [int(d) for d in expr.ty.shape.values]
 
 
 class GroupQueryAttention(_onnx_frontend.OnnxOpConverter):
@@ -69,14 +65,14 @@ class GroupQueryAttention(_onnx_frontend.OnnxOpConverter):
             raise UnsupportedOpError(f"{where}: key and value (and past_key and past_value) must be given together; "
                                      "found one of a pair")
         dtype = str(query.ty.dtype)
-        batch, length, width = _dims(query)
+        batch, length, width = static_dims(query)
         if key is None:                                       # packed [q | k | v] along the hidden axis
             size = width // (heads + 2 * kv_heads)
             parts = bb.emit(relax.op.split(query, [heads * size, (heads + kv_heads) * size], axis=2))
             query, key, value = (bb.emit(relax.TupleGetItem(parts, i)) for i in range(3))
-        size = _dims(query)[2] // heads
+        size = static_dims(query)[2] // heads
         total_length = _total_length(total, params, where)
-        past_buffer = _dims(past_key)[2] if past_key is not None else 0
+        past_buffer = static_dims(past_key)[2] if past_key is not None else 0
         present_length = max(total_length, past_buffer)
         first_prompt = length == total_length
         if not first_prompt and length > 1 and batch != 1:
@@ -93,7 +89,7 @@ class GroupQueryAttention(_onnx_frontend.OnnxOpConverter):
                 positions = bb.emit(relax.op.add(bb.emit(relax.op.reshape(bb.emit(relax.op.astype(past, "int64")),
                                                                           [batch, 1])), steps))
             rotary = {"interleaved": int(attr.get("rotary_interleaved", 0)),
-                      "rotary_embedding_dim": 2 * _dims(cos)[1]}
+                      "rotary_embedding_dim": 2 * static_dims(cos)[1]}
             query = rotate(bb, query, cos, sin, positions, {**rotary, "num_heads": heads}, where)
             key = rotate(bb, key, cos, sin, positions, {**rotary, "num_heads": kv_heads}, where)
         q = heads_first(bb, query, heads)
@@ -108,7 +104,7 @@ class GroupQueryAttention(_onnx_frontend.OnnxOpConverter):
         bias = _causal_bias(bb, past, batch, length, present_length, int(attr.get("local_window_size", -1)),
                             dtype, lowest)
         if attention_bias is not None:
-            short = present_length - _dims(attention_bias)[-1]
+            short = present_length - static_dims(attention_bias)[-1]
             if short > 0:
                 widths = [0, 0] * (attention_bias.ty.ndim - 1) + [0, short]
                 attention_bias = bb.emit(relax.op.nn.pad(attention_bias, widths, pad_mode="constant", pad_value=0.0))
@@ -157,8 +153,10 @@ def _present(bb: relax.BlockBuilder, past: relax.Expr | None, new: relax.Expr, p
              present_length: int) -> relax.Expr:
     """The present cache [batch, kv_heads, present_length, size]: sequence b's ``past_lengths[b]`` past entries,
     then ``new``'s, then zeros."""
-    batch, kv_heads, length, size = _dims(new)
-    past_buffer = _dims(past)[2] if past is not None else 0
+    batch, kv_heads, length, size = static_dims(new)
+    if past is None and present_length == length:          # a first prompt without a cache: the new entries
+        return new
+    past_buffer = static_dims(past)[2] if past is not None else 0
     both = new if past is None else bb.emit(relax.op.concat([past, new], axis=2))   # [b, kv, past_buffer + seq, s]
     rows = past_buffer + length
     slots = relax.const(np.arange(present_length, dtype=np.int32).reshape(1, present_length), "int32")

@@ -19,13 +19,9 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
 from tvm_passes.onnx_attention import attend, heads_first
-from tvm_passes.onnx_nodes import node_label
+from tvm_passes.onnx_nodes import node_label, static_dims
 
 __all__ = ["MultiHeadAttention"]
-
-
-def _dims(expr: relax.Expr) -> list[int]:
-    return [int(d) for d in expr.ty.shape.values]
 
 
 class MultiHeadAttention(_onnx_frontend.OnnxOpConverter):
@@ -43,9 +39,9 @@ class MultiHeadAttention(_onnx_frontend.OnnxOpConverter):
             raise UnsupportedOpError(f"{where}: past_key and past_value must be given together; found one of them")
         heads = int(attr["num_heads"])
         dtype = str(query.ty.dtype)
-        hidden = _dims(query)[2]
+        hidden = static_dims(query)[2]
         if bias is not None:
-            widths = [hidden, _dims(key)[-1] * (heads if key.ty.ndim == 4 else 1), _dims(value)[-1]]
+            widths = [hidden, static_dims(key)[-1] * (heads if key.ty.ndim == 4 else 1), static_dims(value)[-1]]
             splits = [widths[0], widths[0] + widths[1]]
             parts = bb.emit(relax.op.split(bias, splits, axis=0))
             query = bb.emit(relax.op.add(query, bb.emit(relax.TupleGetItem(parts, 0))))
@@ -57,11 +53,11 @@ class MultiHeadAttention(_onnx_frontend.OnnxOpConverter):
         v = heads_first(bb, value, heads) if value.ty.ndim == 3 else value
         past_length = 0
         if past_key is not None:
-            past_length = _dims(past_key)[2]
+            past_length = static_dims(past_key)[2]
             k = bb.emit(relax.op.concat([past_key, k], axis=2))
             v = bb.emit(relax.op.concat([past_value, v], axis=2))
-        batch, _, q_length, head_size = _dims(q)
-        kv_length = _dims(k)[2]
+        batch, _, q_length, head_size = static_dims(q)
+        kv_length = static_dims(k)[2]
         filler = float(attr.get("mask_filter_value", -10000.0))
         score_bias = _padding_bias(bb, padding, batch, kv_length, filler, dtype, where)
         if attention_bias is not None:
@@ -74,7 +70,7 @@ class MultiHeadAttention(_onnx_frontend.OnnxOpConverter):
         scale = 1.0 / math.sqrt(head_size) if scale is None or float(scale) == 0.0 else float(scale)
         y = attend(bb, q, k, v, scale, score_bias, guard_empty_rows=False).y
         y = bb.emit(relax.op.reshape(bb.emit(relax.op.permute_dims(y, [0, 2, 1, 3])),
-                                     [batch, q_length, heads * _dims(v)[3]]))
+                                     [batch, q_length, heads * static_dims(v)[3]]))
         count = int(attr.get("tvm_custom", {}).get("num_outputs", 1))
         return y if count == 1 else relax.Tuple([y, k, v][:count])
 
@@ -84,7 +80,7 @@ def _padding_bias(bb: relax.BlockBuilder, padding: relax.Expr | None, batch: int
     """``key_padding_mask`` as an additive bias [batch, 1, 1, kv_length] (0 attends, ``filler`` masks), or None."""
     if padding is None:
         return None
-    dims = _dims(padding)
+    dims = static_dims(padding)
     if dims == [batch]:                     # key lengths: keys from the length on are padding
         positions = relax.const(np.arange(kv_length, dtype=np.int32).reshape(1, kv_length), "int32")
         lengths = bb.emit(relax.op.reshape(bb.emit(relax.op.astype(padding, "int32")), [batch, 1]))

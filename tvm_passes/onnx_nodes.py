@@ -15,6 +15,11 @@ from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 __all__ = ["constant_value", "node_label", "wrap_convert_map", "wrap_impls"]
 
 
+def static_dims(expr: relax.Expr) -> list[int]:
+    """The static shape of a tensor expression (shapes are bound before import) as Python ints."""
+    return [int(d) for d in expr.ty.shape.values]
+
+
 def node_label(op_type: str, attrs: dict) -> str:
     """``"<op_type> node '<name>'"`` for an error message, from the node name TVM's importer passes in ``attrs``."""
     return f"{op_type} node '{attrs.get('tvm_custom', {}).get('name', '') or '<unnamed>'}'"

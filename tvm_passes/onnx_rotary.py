@@ -17,13 +17,9 @@ from tvm import relax
 from tvm.relax.frontend.onnx import onnx_frontend as _onnx_frontend
 
 from hetpart.errors import UnsupportedOpError
-from tvm_passes.onnx_nodes import node_label
+from tvm_passes.onnx_nodes import node_label, static_dims
 
 __all__ = ["RotaryEmbedding", "rotate"]
-
-
-def _dims(expr: relax.Expr) -> list[int]:
-    return [int(d) for d in expr.ty.shape.values]
 
 
 class RotaryEmbedding(_onnx_frontend.OnnxOpConverter):
@@ -49,7 +45,7 @@ def rotate(bb: relax.BlockBuilder, x: relax.Expr, cos: relax.Expr, sin: relax.Ex
     """``x`` rotated by the angles of ``positions`` (attributes ``num_heads`` for a 3-D ``x``,
     ``rotary_embedding_dim``, ``interleaved``); also the rotary step of :mod:`tvm_passes.onnx_group_query`."""
     rank = x.ty.ndim
-    dims = _dims(x)
+    dims = static_dims(x)
     if rank == 4:                                             # [batch, heads, seq, size] -> [batch, seq, heads, size]
         tokens = bb.emit(relax.op.permute_dims(x, [0, 2, 1, 3]))
     elif rank == 3:
@@ -60,18 +56,18 @@ def rotate(bb: relax.BlockBuilder, x: relax.Expr, cos: relax.Expr, sin: relax.Ex
         tokens = bb.emit(relax.op.reshape(x, [dims[0], dims[1], heads, dims[2] // heads]))
     else:
         raise UnsupportedOpError(f"{where}: the input must be 3-D or 4-D; found rank {rank}")
-    batch, length, heads, size = _dims(tokens)
+    batch, length, heads, size = static_dims(tokens)
     rotated = int(attr.get("rotary_embedding_dim", 0)) or size
     half = rotated // 2
     if positions is not None:
-        if _dims(positions) == [1]:                           # contrib: one offset, positions offset .. + seq - 1
+        if static_dims(positions) == [1]:                           # contrib: one offset, positions offset .. + seq - 1
             steps = relax.const(np.arange(length, dtype=np.int64).reshape(1, length), "int64")
             positions = bb.emit(relax.op.add(bb.emit(relax.op.astype(positions, "int64")), steps))
         cos = bb.emit(relax.op.take(cos, positions, axis=0))   # [batch or 1, seq, half]
         sin = bb.emit(relax.op.take(sin, positions, axis=0))
-    if _dims(cos)[-1] != half:
+    if static_dims(cos)[-1] != half:
         raise UnsupportedOpError(f"{where}: the caches' last axis must be rotary_embedding_dim / 2 = {half}; found "
-                                 f"{_dims(cos)[-1]}")
+                                 f"{static_dims(cos)[-1]}")
     cos = bb.emit(relax.op.expand_dims(cos, 2))              # [batch, seq, 1, half]
     sin = bb.emit(relax.op.expand_dims(sin, 2))
     interleaved = int(attr.get("interleaved", 0))
